@@ -1,0 +1,30 @@
+# The two commands of the README. Each sets itself up in .venv on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+ITERATIONS ?= 2
+
+.PHONY: run test install clean
+
+## make run: set up, then warm start + $(ITERATIONS) closed-loop iterations on the built-in policy
+run: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/closedloop run --iterations $(ITERATIONS)
+
+## make test: set up, then the whole test suite
+test: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+
+install: $(STAMP)
+
+# torch is pinned: 2.13.0 is the CPU build on this machine's disk; a plain `torch` pulls a multi-GB
+# CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,289 @@
+"""The typed schema of params.yaml, the project's one config file.
+
+Every section mirrors one stage of the DAG. Unknown keys and wrong types are errors whose message
+names the dotted key (``sample.k``) and the file, so a typo never silently falls back to a default.
+The flows take :class:`Params` as a parameter, which is what gives the Prefect UI its form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PARAMS_FILE = "params.yaml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ProjectParams(_Section):
+    seed: int = Field(1234, description="Base seed; every stage derives its own seed from it.")
+
+
+class LoopParams(_Section):
+    iteration: int = Field(0, ge=0, description="Set by the loop before each iteration; seeds the new training tasks.")
+
+
+class BuiltinModelParams(_Section):
+    hidden_size: int = Field(192, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(4, gt=0)
+    intermediate_size: int = Field(576, gt=0)
+    vocab_size: int = Field(600, ge=300, description="Byte-level BPE vocabulary, trained on the generated corpus.")
+    max_position_embeddings: int = Field(512, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "BuiltinModelParams":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.builtin.hidden_size ({self.hidden_size}) must be divisible by "
+                f"model.builtin.num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class ModelParams(_Section):
+    name_or_path: str = Field(
+        "builtin:tiny",
+        description="'builtin:tiny', a local Hugging Face model directory, or a hub id.",
+    )
+    builtin: BuiltinModelParams = BuiltinModelParams()
+
+
+class CodeEnvParams(_Section):
+    benchmark_tasks: int = Field(200, gt=0, description="Size of the fixed benchmark set.")
+    tests_per_task: int = Field(6, gt=0)
+
+
+class EnvsParams(_Section):
+    code: CodeEnvParams = CodeEnvParams()
+
+
+class GenerateParams(_Section):
+    n_tasks: int = Field(800, gt=0, description="New training tasks per iteration.")
+
+
+class SamplingSettings(_Section):
+    """Settings shared by rollouts and benchmark evaluation (the gate compares like with like)."""
+
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(96, gt=0)
+    stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("])
+
+
+class SampleParams(SamplingSettings):
+    backend: Literal["hf"] = "hf"
+    k: int = Field(8, gt=0, description="Samples per task.")
+    batch_size: int = Field(256, gt=0, description="Sequences generated together.")
+
+
+class RewardParams(_Section):
+    timeout_s: float = Field(2.0, gt=0, description="Wall-clock limit per sandboxed job.")
+    memory_mb: int = Field(512, ge=64, description="Address-space limit per sandboxed job.")
+    workers: int = Field(0, ge=0, description="Sandbox worker processes; 0 means one per core.")
+    weights: dict[str, float] = Field(
+        default_factory=lambda: {"tests_passed": 1.0},
+        description="Weights of the reward components in the combined reward.",
+    )
+
+    @model_validator(mode="after")
+    def _weights_known(self) -> "RewardParams":
+        known = {"format", "syntax", "runs", "tests_passed"}
+        unknown = sorted(set(self.weights) - known)
+        if unknown:
+            raise ValueError(f"reward.weights has unknown components {unknown}; known: {sorted(known)}")
+        if not any(w > 0 for w in self.weights.values()):
+            raise ValueError("reward.weights needs at least one positive weight")
+        return self
+
+
+class GradeParams(_Section):
+    fix_pairs_per_task: int = Field(2, ge=0, description="Failure→fix pairs built per task at most.")
+
+
+class TrainParams(_Section):
+    steps: int = Field(150, ge=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    include_fix_pairs: bool = True
+    max_fix_fraction: float = Field(0.25, ge=0.0, le=1.0, description="Cap on fix pairs in the training set.")
+    include_references: bool = Field(
+        True, description="Mix the warm-start references back in, so the loop does not forget them."
+    )
+
+
+class WarmstartParams(_Section):
+    n_references: int = Field(100, gt=0, description="Reference solutions the warm start learns from.")
+    steps: int = Field(300, ge=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(2e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    tokenizer_corpus_tasks: int = Field(2000, gt=0, description="Generated tasks the builtin tokenizer is trained on.")
+
+
+class EvaluateParams(_Section):
+    samples_per_task: int = Field(4, gt=0, description="pass@1 is averaged over this many samples per task.")
+    batch_size: int = Field(256, gt=0)
+
+
+class GateParams(_Section):
+    min_improvement: float = Field(0.0, ge=0.0, description="Overall pass@1 gain the candidate must exceed.")
+    slice_tolerance: float = Field(0.05, ge=0.0, description="Largest pass@1 drop allowed on any env/slice.")
+
+
+class TrackingParams(_Section):
+    uri: Optional[str] = Field(
+        None, description="MLflow tracking URI; default sqlite:///<workspace>/mlflow.db. MLFLOW_TRACKING_URI overrides."
+    )
+    experiment: str = "closedloop"
+    registered_model: str = "closedloop-policy"
+
+
+class VersioningParams(_Section):
+    push: bool = Field(True, description="dvc push every batch and model to the default DVC remote.")
+    save_experiments: bool = Field(True, description="Save each iteration as a DVC experiment ref.")
+
+
+class Params(_Section):
+    project: ProjectParams = ProjectParams()
+    loop: LoopParams = LoopParams()
+    model: ModelParams = ModelParams()
+    envs: EnvsParams = EnvsParams()
+    generate: GenerateParams = GenerateParams()
+    sample: SampleParams = SampleParams()
+    reward: RewardParams = RewardParams()
+    grade: GradeParams = GradeParams()
+    warmstart: WarmstartParams = WarmstartParams()
+    train: TrainParams = TrainParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    gate: GateParams = GateParams()
+    tracking: TrackingParams = TrackingParams()
+    versioning: VersioningParams = VersioningParams()
+
+    def stage_seed(self, stage: str, per_iteration: bool = True) -> int:
+        """A seed per stage (and per iteration unless ``per_iteration`` is False), so no two stages
+        share a random stream and each iteration draws new training tasks."""
+        import zlib
+
+        iteration = self.loop.iteration if per_iteration else 0
+        return (self.project.seed * 1_000_003 + iteration * 7919 + zlib.crc32(stage.encode())) % 2**31
+
+
+class ConfigError(ValueError):
+    """params.yaml is missing, unreadable, or does not match the schema."""
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            got = item.get("input")
+            got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {key}: {item['msg']}{got_text}")
+    return "\n".join(lines)
+
+
+def parse_params(data: object, source: str = PARAMS_FILE) -> Params:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, source)) from None
+
+
+def load_params(workspace: Path | str = ".") -> Params:
+    """Read and validate ``params.yaml`` of a workspace. Never called at import time."""
+    import yaml
+
+    path = Path(workspace) / PARAMS_FILE
+    if not path.exists():
+        raise ConfigError(f"{path}: not found (run `closedloop init` to create a workspace)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return parse_params(data, str(path))
+
+
+def write_params(workspace: Path | str, params: Params) -> bool:
+    """Write ``params`` into params.yaml, keeping the file's comments and key order.
+
+    Returns True when the file changed. Every key is written, defaults included, because DVC reads
+    the exact keys each stage lists from this file; values already right are left untouched, so a
+    params.yaml a person wrote stays readable after the loop bumps ``loop.iteration``.
+    """
+    from ruamel.yaml import YAML
+
+    path = Path(workspace) / PARAMS_FILE
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 120
+    document = yaml.load(path.read_text()) if path.exists() else None
+    if document is None:
+        from ruamel.yaml.comments import CommentedMap
+
+        document = CommentedMap()
+    changed = _merge(document, params.model_dump(mode="json"))
+    if changed or not path.exists():
+        tmp = path.with_suffix(".yaml.tmp")
+        with tmp.open("w") as handle:
+            yaml.dump(document, handle)
+        tmp.replace(path)
+    return changed
+
+
+def _merge(document: dict, wanted: dict) -> bool:
+    changed = False
+    for key, value in wanted.items():
+        if isinstance(value, dict) and isinstance(document.get(key), dict):
+            changed |= _merge(document[key], value)
+        elif key not in document or document[key] != value:
+            document[key] = value
+            changed = True
+    return changed
+
+
+def default_params_yaml() -> str:
+    """params.yaml with every default and each field's description as a comment."""
+    import io
+
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    def build(model: BaseModel) -> CommentedMap:
+        node = CommentedMap()
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            node[name] = build(value) if isinstance(value, BaseModel) else _plain(value)
+            if info.description:
+                node.yaml_add_eol_comment(info.description, name)
+        return node
+
+    yaml = YAML()
+    yaml.width = 120
+    buffer = io.StringIO()
+    yaml.dump(build(Params()), buffer)
+    header = (
+        "# closedloop — the one config file, typed by closedloop/config.py.\n"
+        "# Unknown keys and wrong types are errors that name the key. The loop sets loop.iteration.\n"
+    )
+    return header + buffer.getvalue()
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    return value

@@ -1,0 +1,1 @@
+"""Benchmark runs, regression statistics and the promotion gate."""

@@ -1,0 +1,64 @@
+"""Run a policy on benchmark tasks and score it: the measurement the gate compares."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from closedloop.config import SamplingSettings
+from closedloop.envs.base import Task
+from closedloop.evaluation.stats import summarize
+
+
+def evaluate_policy(
+    model_dir: Path,
+    tasks: list[Task],
+    *,
+    settings: SamplingSettings,
+    samples_per_task: int,
+    seed: int,
+    batch_size: int,
+    env_for: Callable[[str], Any],
+    pool: Any,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """pass@1 over ``samples_per_task`` samples per task, overall and per env/slice.
+
+    Champion and candidate are evaluated with the same seed and settings, so the comparison is paired.
+    """
+    from closedloop.models.loading import load_policy, model_fingerprint
+    from closedloop.sampling.hf import generate
+
+    model, tokenizer = load_policy(model_dir)
+    generations, stats = generate(
+        model, tokenizer, [task.prompt for task in tasks], k=samples_per_task,
+        temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
+        stop=list(settings.stop), seed=seed, batch_size=batch_size, progress=progress,
+    )
+    passes = verify_grouped(tasks, generations, env_for, pool, progress)
+    per_task = [
+        {"task_id": t.task_id, "env": t.env, "slice": t.slice, "n": samples_per_task, "c": passes[t.task_id]}
+        for t in tasks
+    ]
+    return {
+        "model_version": model_fingerprint(Path(model_dir)),
+        "samples_per_task": samples_per_task,
+        "summary": summarize(per_task),
+        "per_task": {item["task_id"]: item["c"] for item in per_task},
+        "generation": {"tokens_per_s": stats.tokens_per_s, "samples_per_s": stats.samples_per_s},
+    }
+
+
+def verify_grouped(tasks: list[Task], generations, env_for, pool, progress: bool) -> dict[str, int]:
+    """Count passing samples per task, verifying each environment's samples in one batch."""
+    by_env: dict[str, list[tuple[Task, str]]] = defaultdict(list)
+    for task, samples in zip(tasks, generations):
+        for sample in samples:
+            by_env[task.env].append((task, sample.text))
+    passes = {task.task_id: 0 for task in tasks}
+    for env_name, items in by_env.items():
+        verdicts = env_for(env_name).verify_batch([t for t, _ in items], [c for _, c in items], pool)
+        for (task, _), verdict in zip(items, verdicts):
+            passes[task.task_id] += int(verdict.passed)
+    return passes

@@ -1,0 +1,121 @@
+"""Grading: positive / partial / error buckets, failure→fix pairs, and the training set they make."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+POSITIVE, PARTIAL, ERROR = "positive", "partial", "error"
+BUCKETS = (POSITIVE, PARTIAL, ERROR)
+
+
+def bucket_of(tests_passed: int, tests_total: int) -> str:
+    """All tests pass → positive; some → partial; none (or it crashed before any) → error."""
+    if tests_total > 0 and tests_passed >= tests_total:
+        return POSITIVE
+    if tests_passed > 0:
+        return PARTIAL
+    return ERROR
+
+
+def fix_prompt(task_prompt: str, failed_completion: str, feedback: str) -> str:
+    """The prompt of a failure→fix pair: the failed attempt, its feedback, then the task again.
+
+    The target is a passing completion of the same task, so the model learns to answer feedback.
+    """
+    attempt = failed_completion if failed_completion.endswith("\n") else failed_completion + "\n"
+    note = " ".join(feedback.split())[:200] or "the tests failed"
+    return f"{task_prompt}{attempt}# Error: {note}\n# Corrected:\n{task_prompt}"
+
+
+@dataclass(frozen=True)
+class FixPair:
+    pair_id: str
+    task_id: str
+    failed_sample_id: str
+    fixed_sample_id: str
+    prompt: str
+    completion: str
+
+
+def build_fix_pairs(graded: list[dict[str, Any]], prompts: dict[str, str], per_task: int) -> list[FixPair]:
+    """Pair failed samples with passing samples of the same task.
+
+    Deterministic: samples are taken in sample order; each failed completion is used once, paired
+    with the passing completions in turn so the targets vary when there are several.
+    """
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in graded:
+        by_task[row["task_id"]].append(row)
+    pairs: list[FixPair] = []
+    for task_id in sorted(by_task):
+        rows = sorted(by_task[task_id], key=lambda r: r["sample_index"])
+        passing = _distinct(r for r in rows if r["bucket"] == POSITIVE)
+        failing = _distinct(r for r in rows if r["bucket"] != POSITIVE and r["status"] != "infra_error")
+        if not passing:
+            continue
+        for n, failed in enumerate(failing[:per_task]):
+            fixed = passing[n % len(passing)]
+            pairs.append(
+                FixPair(
+                    pair_id=f"{failed['sample_id']}->{fixed['sample_id']}",
+                    task_id=task_id,
+                    failed_sample_id=failed["sample_id"],
+                    fixed_sample_id=fixed["sample_id"],
+                    prompt=fix_prompt(prompts[task_id], failed["completion"], failed["feedback"]),
+                    completion=fixed["completion"],
+                )
+            )
+    return pairs
+
+
+def _distinct(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        if row["completion"] not in seen:
+            seen.add(row["completion"])
+            out.append(row)
+    return out
+
+
+def training_records(
+    graded: list[dict[str, Any]],
+    prompts: dict[str, str],
+    fixes: list[FixPair],
+    *,
+    include_fixes: bool,
+    max_fix_fraction: float,
+) -> list[dict[str, Any]]:
+    """Positives (one per distinct completion of a task) plus, optionally, capped fix pairs."""
+    records = []
+    seen: set[tuple[str, str]] = set()
+    for row in sorted(graded, key=lambda r: r["sample_id"]):
+        key = (row["task_id"], row["completion"])
+        if row["bucket"] == POSITIVE and key not in seen:
+            seen.add(key)
+            records.append(
+                {"source": "positive", "task_id": row["task_id"], "origin": row["sample_id"],
+                 "prompt": prompts[row["task_id"]], "completion": row["completion"]}
+            )
+    if include_fixes and fixes and max_fix_fraction > 0:
+        # fixes / (positives + fixes) <= max_fix_fraction
+        cap = len(fixes) if max_fix_fraction >= 1 else int(len(records) * max_fix_fraction / (1 - max_fix_fraction))
+        for pair in fixes[:cap]:
+            records.append(
+                {"source": "fix", "task_id": pair.task_id, "origin": pair.pair_id,
+                 "prompt": pair.prompt, "completion": pair.completion}
+            )
+    return records
+
+
+def bucket_counts(graded: list[dict[str, Any]]) -> dict[str, int]:
+    counts = {bucket: 0 for bucket in BUCKETS}
+    for row in graded:
+        counts[row["bucket"]] += 1
+    return counts
+
+
+def fix_pair_record(pair: FixPair) -> dict[str, Any]:
+    return asdict(pair)

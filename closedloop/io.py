@@ -1,0 +1,85 @@
+"""Reading and writing batch files: JSONL and JSON, written atomically so nothing is half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+
+class BatchFileError(ValueError):
+    """A batch file is missing or malformed; the message names the file and line."""
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> int:
+    """Write one JSON object per line, keys sorted so equal content hashes equally. Returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    with tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")
+            count += 1
+    tmp.replace(path)
+    return count
+
+
+def read_jsonl(path: Path, required: Iterable[str] = ()) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        raise BatchFileError(f"{path}: not found")
+    required = tuple(required)
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise BatchFileError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise BatchFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            missing = [key for key in required if key not in record]
+            if missing:
+                raise BatchFileError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
+            records.append(record)
+    return records
+
+
+def write_json(path: Path, data: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise BatchFileError(f"{path}: not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise BatchFileError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Make ``dst`` a copy of ``src`` without a moment where ``dst`` is half-written."""
+    dst = Path(dst)
+    staging = dst.with_name(dst.name + ".staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.copytree(src, staging)
+    old = dst.with_name(dst.name + ".old")
+    if dst.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(dst, old)
+    os.replace(staging, dst)
+    if old.exists():
+        shutil.rmtree(old)

@@ -1,0 +1,1 @@
+"""Adapters that version and trace the loop: DVC (data), MLflow (runs, models), GX (batch checks)."""

@@ -1,0 +1,326 @@
+"""MLflow adapter: one run per iteration, one registry version per candidate, aliases for roles.
+
+The only module that imports ``mlflow`` (lazily, inside each function: the import takes ~2 s and
+``closedloop --help`` must stay fast). Everything the loop records goes through these functions,
+so the MLflow layout lives in one place:
+
+- run (one per iteration): params flattened to dotted keys, metrics, ``stage_seconds.<stage>``,
+  dataset inputs carrying their DVC md5 as digest, ``plots/reward_hist.png``, ``reports/...``;
+- registered model version: the HF model logged with the transformers flavor inside that run,
+  with lineage tags on the version; ``champion`` / ``challenger`` are registry aliases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ITERATION_TAG = "closedloop.iteration"
+MODEL_ARTIFACT = "model"
+HIST_ARTIFACT = "plots/reward_hist.png"
+# MLflow's own limits (mlflow.utils.validation); params beyond them would be refused or cut silently.
+_MAX_PARAM_VALUE = 6000
+_MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+_TRUNCATED = "...[truncated]"
+_END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# The packages a served model needs; pinned to what logged it. Passed explicitly because the
+# flavor's inferred defaults add torchvision for torch models, which is not installed here.
+_MODEL_PACKAGES = ("mlflow", "transformers", "torch", "tokenizers", "safetensors", "accelerate")
+
+
+@dataclass(frozen=True)
+class DatasetInput:
+    name: str
+    path: str
+    digest: str  # the DVC md5 of the file, so the MLflow input and the DVC pointer name the same bytes
+    context: str  # e.g. "training", "evaluation"
+    frame: Any  # pandas DataFrame (schema and row count go to MLflow, not the rows)
+
+
+def _mlflow() -> Any:
+    """Import mlflow with offline-friendly, quiet defaults (an explicit environment setting wins)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no usage pings from offline machines
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # bars flood stage logs
+    import mlflow
+
+    if "MLFLOW_LOGGING_LEVEL" not in os.environ:
+        # INFO is "Creating initial MLflow database tables..." and the like; set here rather than via
+        # the variable because mlflow may already have been imported (and configured) by someone else.
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+    return mlflow
+
+
+def tracking_uri(workspace: Path, uri: str | None) -> str:
+    """MLFLOW_TRACKING_URI > ``uri`` > a SQLite store inside the workspace."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or uri or f"sqlite:///{Path(workspace).resolve() / 'mlflow.db'}"
+
+
+def configure(workspace: Path, uri: str | None, experiment: str) -> str:
+    """Point MLflow at the store, make ``experiment`` exist and active; return the tracking URI.
+
+    The experiment gets an explicit artifact location inside the workspace: MLflow's default puts
+    artifacts in ``./mlruns`` of whatever directory the process happens to run in.
+    """
+    mlflow = _mlflow()
+    from mlflow.exceptions import MlflowException
+
+    workspace = Path(workspace).resolve()
+    workspace.mkdir(parents=True, exist_ok=True)
+    resolved = tracking_uri(workspace, uri)
+    mlflow.set_tracking_uri(resolved)
+    client = mlflow.MlflowClient(resolved)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        try:
+            client.create_experiment(experiment, artifact_location=(workspace / "mlartifacts").as_uri())
+        except MlflowException as err:  # another process created it between the get and the create
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+    elif found.lifecycle_stage == "deleted":
+        client.restore_experiment(found.experiment_id)
+    mlflow.set_experiment(experiment)
+    return resolved
+
+
+def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested mapping -> {"a.b.c": "value"}; lists as JSON; values cut to MLflow's length limit."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_params(value, prefix=f"{name}."))
+            continue
+        text = json.dumps(value, default=str) if isinstance(value, (list, tuple, Mapping)) else str(value)
+        if len(text) > _MAX_PARAM_VALUE:
+            text = text[: _MAX_PARAM_VALUE - len(_TRUNCATED)] + _TRUNCATED
+        flat[name] = text
+    return flat
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _log_metric_batch(client: Any, run_id: str, metrics: Mapping[str, float]) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    entities = [Metric(key, float(value), now, 0) for key, value in metrics.items()]
+    for chunk in _chunks(entities, _MAX_METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=chunk)
+
+
+def _reward_figure(rewards: list[float]) -> Any:
+    # A bare Figure renders with Agg without pyplot, so the process-wide backend is left alone.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3), dpi=100)
+    ax = fig.add_subplot()
+    ax.hist(rewards, bins=20, range=(0.0, 1.0), color="#4c72b0")
+    ax.set_xlabel("reward")
+    ax.set_ylabel("samples")
+    ax.set_title(f"reward distribution (n={len(rewards)})")
+    fig.tight_layout()
+    return fig
+
+
+def log_iteration(
+    *,
+    iteration: int,
+    run_name: str,
+    params: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    tags: Mapping[str, str],
+    rewards: list[float],
+    datasets: list[DatasetInput],
+    artifacts: list[Path],
+    stage_seconds: Mapping[str, float],
+    status: str = "FINISHED",
+) -> str:
+    """Record one iteration as a run in the active experiment; return its run_id.
+
+    ``status="FAILED"`` records an iteration that stopped early (e.g. its batch failed validation)
+    with whatever it produced, so it shows up in the history rather than vanishing.
+    """
+    if status not in _END_STATUSES:
+        raise ValueError(f"status must be one of {_END_STATUSES}, got {status!r}")
+    missing = [str(p) for p in artifacts if not Path(p).exists()]
+    if missing:  # checked first, so a bad path does not leave a half-logged FAILED run behind
+        raise FileNotFoundError(f"artifacts to log do not exist: {missing}")
+    mlflow = _mlflow()
+    from mlflow.entities import Param
+
+    all_metrics = dict(metrics)
+    all_metrics.update({f"stage_seconds.{name}": secs for name, secs in stage_seconds.items()})
+    if rewards:
+        mean = sum(rewards) / len(rewards)
+        all_metrics["reward_mean"] = mean
+        all_metrics["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+
+    client = mlflow.MlflowClient()
+    run_tags = {**{k: str(v) for k, v in tags.items()}, ITERATION_TAG: str(iteration)}
+    with mlflow.start_run(run_name=run_name, tags=run_tags) as run:
+        run_id = run.info.run_id
+        flat = [Param(k, v) for k, v in flatten_params(params).items()]
+        for chunk in _chunks(flat, _MAX_PARAMS_PER_BATCH):
+            client.log_batch(run_id, params=chunk)
+        # the untruncated, nested original (default=str: paths and enums in params stay loggable)
+        mlflow.log_text(json.dumps(params, indent=2, default=str), "params/params.json")
+        _log_metric_batch(client, run_id, all_metrics)
+        for ds in datasets:
+            with warnings.catch_warnings():
+                # MLflow registers two local-file source classes under one name and warns that a
+                # plain path matches both; either resolution records the same path.
+                warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+                dataset = mlflow.data.from_pandas(ds.frame, source=ds.path, name=ds.name, digest=ds.digest)
+            mlflow.log_input(dataset, context=ds.context)
+        if rewards:
+            mlflow.log_figure(_reward_figure(rewards), HIST_ARTIFACT)
+        for path in map(Path, artifacts):
+            if path.is_dir():
+                mlflow.log_artifacts(str(path), artifact_path=f"reports/{path.name}")
+            else:
+                mlflow.log_artifact(str(path), artifact_path="reports")
+    if status != "FINISHED":  # the context manager always ends a run without an exception as FINISHED
+        client.set_terminated(run_id, status=status)
+    return run_id
+
+
+@contextlib.contextmanager
+def _quiet_hf() -> Iterator[None]:
+    """Silence hub look-ups that cannot succeed for a local model and per-save progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    flavor_log = logging.getLogger("mlflow.transformers")  # "model card could not be retrieved", license
+    level, bars = flavor_log.level, hf_logging.is_progress_bar_enabled()
+    flavor_log.setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        flavor_log.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = []
+    for package in _MODEL_PACKAGES:
+        try:
+            pins.append(f"{package}=={version(package)}")
+        except PackageNotFoundError:
+            continue
+    return pins
+
+
+def _load_components(model_dir: Path, task: str) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    auto = {"text-generation": AutoModelForCausalLM, "text2text-generation": AutoModelForSeq2SeqLM}
+    if task not in auto:
+        raise ValueError(f"task {task!r} is not supported for registration; expected one of {sorted(auto)}")
+    return {"model": auto[task].from_pretrained(model_dir), "tokenizer": AutoTokenizer.from_pretrained(model_dir)}
+
+
+def log_and_register_model(
+    *,
+    run_id: str,
+    model_dir: Path,
+    registered_model: str,
+    tags: Mapping[str, str],
+    task: str = "text-generation",
+) -> str:
+    """Log the HF model directory into run_id with the transformers flavor; register it; return the version.
+
+    Tags are set on the version as it is created, so no reader ever sees a version without its lineage.
+    """
+    mlflow = _mlflow()
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
+    with _quiet_hf():
+        components = _load_components(model_dir, task)  # outside the run: a bad directory is not a failed run
+        # reopening the iteration's run puts the model (and its LoggedModel) under it
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.transformers.log_model(
+                transformers_model=components,
+                name=MODEL_ARTIFACT,
+                task=task,
+                pip_requirements=_pip_requirements(),
+            )
+    version = mlflow.register_model(info.model_uri, registered_model, tags={k: str(v) for k, v in tags.items()})
+    return str(version.version)
+
+
+def set_alias(registered_model: str, alias: str, version: str) -> None:
+    _mlflow().MlflowClient().set_registered_model_alias(registered_model, alias, str(version))
+
+
+def get_alias(registered_model: str, alias: str) -> str | None:
+    """The version behind ``alias``, or None when the alias or the registered model does not exist."""
+    mlflow = _mlflow()
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(mlflow.MlflowClient().get_model_version_by_alias(registered_model, alias).version)
+    except MlflowException as err:
+        absent_model = err.error_code == "RESOURCE_DOES_NOT_EXIST"
+        # a missing alias is INVALID_PARAMETER_VALUE, the same code as a malformed alias name
+        absent_alias = err.error_code == "INVALID_PARAMETER_VALUE" and "not found" in str(err)
+        if absent_model or absent_alias:
+            return None
+        raise
+
+
+def model_version_tags(registered_model: str, version: str) -> dict[str, str]:
+    return dict(_mlflow().MlflowClient().get_model_version(registered_model, str(version)).tags)
+
+
+def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
+    from mlflow.entities import RunTag
+
+    client = _mlflow().MlflowClient()
+    for chunk in _chunks([RunTag(k, str(v)) for k, v in tags.items()], _MAX_PARAMS_PER_BATCH):
+        client.log_batch(run_id, tags=chunk)
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, float]) -> None:
+    _log_metric_batch(_mlflow().MlflowClient(), run_id, metrics)
+
+
+def recent_iterations(experiment: str, limit: int = 10) -> list[dict[str, Any]]:
+    """Newest first: {run_id, run_name, iteration, status, start_time, metrics, tags} per run."""
+    client = _mlflow().MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"], max_results=limit)
+    out = []
+    for run in runs:
+        tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}  # user tags only
+        iteration = tags.get(ITERATION_TAG)
+        out.append(
+            {
+                "run_id": run.info.run_id,
+                "run_name": run.info.run_name,
+                "iteration": int(iteration) if iteration is not None and iteration.isdigit() else None,
+                "status": run.info.status,
+                "start_time": run.info.start_time,  # ms since the epoch
+                "metrics": dict(run.data.metrics),
+                "tags": tags,
+            }
+        )
+    return out

@@ -1,0 +1,70 @@
+"""Stage grade: buckets per sample, failure→fix pairs, and the training set they make."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from closedloop.grading import bucket_counts, bucket_of, build_fix_pairs, fix_pair_record, training_records
+from closedloop.io import read_jsonl, write_jsonl
+from closedloop.stages.common import StageContext, StageError, load_tasks
+
+
+def run(ctx: StageContext) -> dict:
+    tasks = {task.task_id: task for task in load_tasks(ctx.ws.tasks)}
+    samples = read_jsonl(ctx.ws.samples, required=("sample_id", "task_id", "completion"))
+    rewards = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rewards, required=("sample_id", "steps", "reward"))}
+    missing = [s["sample_id"] for s in samples if s["sample_id"] not in rewards]
+    if missing:
+        raise StageError(f"{ctx.ws.rewards}: no reward for {len(missing)} sample(s), e.g. {missing[0]}")
+
+    graded = [graded_row(sample, rewards[sample["sample_id"]]) for sample in samples]
+    prompts = {task_id: task.prompt for task_id, task in tasks.items()}
+    fixes = build_fix_pairs(graded, prompts, ctx.params.grade.fix_pairs_per_task)
+    train_set = training_records(
+        graded, prompts, fixes, include_fixes=ctx.params.train.include_fix_pairs,
+        max_fix_fraction=ctx.params.train.max_fix_fraction,
+    )
+    write_jsonl(ctx.ws.graded, graded)
+    write_jsonl(ctx.ws.fixes, (fix_pair_record(pair) for pair in fixes))
+    write_jsonl(ctx.ws.train_set, train_set)
+    return summary(graded, fixes, train_set)
+
+
+def graded_row(sample: dict, reward: dict) -> dict:
+    steps = reward["steps"]
+    passed, total = int(steps.get("tests_passed", 0)), int(steps.get("tests_total", 0))
+    return {
+        "sample_id": sample["sample_id"], "task_id": sample["task_id"], "env": sample["env"],
+        "slice": sample["slice"], "kind": sample["kind"], "sample_index": sample["sample_index"],
+        "completion": sample["completion"], "model_version": sample["model_version"],
+        "prompt_tokens": sample["prompt_tokens"], "completion_tokens": sample["completion_tokens"],
+        "finish_reason": sample["finish_reason"], "status": reward["status"], "feedback": reward["feedback"],
+        "parses": bool(steps.get("parses", False)), "runs": bool(steps.get("runs", False)),
+        "tests_passed": passed, "tests_total": total, "reward": reward["reward"],
+        **{f"component_{name}": value for name, value in sorted(reward["components"].items())},
+        "bucket": bucket_of(passed, total),
+    }
+
+
+def summary(graded: list[dict], fixes: list, train_set: list[dict]) -> dict:
+    rewards = [row["reward"] for row in graded]
+    per_env: dict[str, list[bool]] = defaultdict(list)
+    solved: dict[str, bool] = defaultdict(bool)
+    for row in graded:
+        per_env[row["env"]].append(row["bucket"] == "positive")
+        solved[row["task_id"]] |= row["bucket"] == "positive"
+    return {
+        "samples": len(graded),
+        "buckets": bucket_counts(graded),
+        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+        "pass_rate": {env: sum(v) / len(v) for env, v in sorted(per_env.items())},
+        "tasks_solved": sum(solved.values()),
+        "tasks": len(solved),
+        "fix_pairs": len(fixes),
+        "train_examples": {
+            "positive": sum(r["source"] == "positive" for r in train_set),
+            "fix": sum(r["source"] == "fix" for r in train_set),
+        },
+    }

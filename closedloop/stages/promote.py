@@ -1,0 +1,19 @@
+"""Stage promote: the model the next iteration starts from — the candidate if the gate said so.
+
+Writing it as a stage output (not over data/champion) keeps dvc.yaml acyclic: the loop closes when
+the next iteration takes this output as its champion input.
+"""
+
+from __future__ import annotations
+
+from closedloop.io import read_json, replace_dir
+from closedloop.stages.common import StageContext
+
+
+def run(ctx: StageContext) -> dict:
+    from closedloop.models.loading import model_fingerprint
+
+    decision = read_json(ctx.ws.gate)
+    source = ctx.ws.candidate if decision["promote"] else ctx.ws.champion
+    replace_dir(source, ctx.ws.next_champion)
+    return {"promoted": bool(decision["promote"]), "model_version": model_fingerprint(ctx.ws.next_champion)}

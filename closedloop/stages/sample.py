@@ -1,0 +1,51 @@
+"""Stage sample: k completions per training task from the current champion.
+
+Every sample records the settings and model version that produced it. Latency is wall-clock, so it
+goes to a file of its own: the samples file then hashes the same when the stage is reproduced.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from closedloop.io import write_jsonl
+from closedloop.stages.common import StageContext, load_tasks
+
+
+def run(ctx: StageContext) -> dict:
+    from closedloop.models.loading import load_policy, model_fingerprint
+    from closedloop.sampling.hf import generate
+
+    settings = ctx.params.sample
+    tasks = load_tasks(ctx.ws.tasks)
+    model, tokenizer = load_policy(ctx.ws.champion)
+    model_version = model_fingerprint(ctx.ws.champion)
+    seed = ctx.seed("sample")
+    generations, stats = generate(
+        model, tokenizer, [task.prompt for task in tasks], k=settings.k, temperature=settings.temperature,
+        top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, stop=list(settings.stop), seed=seed,
+        batch_size=settings.batch_size, progress=ctx.progress,
+    )
+    samples, timings = [], []
+    for task, task_samples in zip(tasks, generations):
+        for index, sample in enumerate(task_samples):
+            sample_id = f"{task.task_id}#{index}"
+            samples.append({
+                "sample_id": sample_id, "task_id": task.task_id, "env": task.env, "slice": task.slice,
+                "kind": task.kind, "sample_index": index, "completion": sample.text,
+                "model_version": model_version, "backend": settings.backend, "temperature": settings.temperature,
+                "top_p": settings.top_p, "max_new_tokens": settings.max_new_tokens, "k": settings.k, "seed": seed,
+                "prompt_tokens": sample.prompt_tokens, "completion_tokens": sample.completion_tokens,
+                "finish_reason": sample.finish_reason,
+            })
+            timings.append({"sample_id": sample_id, "latency_s": round(sample.latency_s, 4)})
+    write_jsonl(ctx.ws.samples, samples)
+    write_jsonl(ctx.ws.sample_timings, timings)
+    return {
+        "samples": len(samples),
+        "model_version": model_version,
+        "completion_tokens": stats.completion_tokens,
+        "tokens_per_s": round(stats.tokens_per_s, 1),
+        "samples_per_s": round(stats.samples_per_s, 1),
+        "finish_reasons": dict(Counter(s["finish_reason"] for s in samples)),
+    }

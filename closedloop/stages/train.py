@@ -1,0 +1,47 @@
+"""Stage train: rejection-sampling fine-tuning from the champion on the verified batch → candidate."""
+
+from __future__ import annotations
+
+import shutil
+
+from closedloop.io import read_json, read_jsonl
+from closedloop.stages.common import StageContext, StageError
+
+
+def run(ctx: StageContext) -> dict:
+    from closedloop.models.loading import load_policy, model_fingerprint, save_policy
+    from closedloop.training.causal_lm import Example, train_causal_lm
+
+    report = read_json(ctx.ws.validation_report)
+    if not report.get("success"):
+        raise StageError(f"{ctx.ws.validation_report}: the batch failed validation; refusing to train on it")
+    params = ctx.params.train
+    records = read_jsonl(ctx.ws.train_set, required=("source", "prompt", "completion"))
+    if params.include_references:
+        records += [{**r, "source": "reference"} for r in read_jsonl(ctx.ws.references, required=("prompt", "completion"))]
+    examples = [Example(prompt=r["prompt"], completion=r["completion"]) for r in records]
+
+    model, tokenizer = load_policy(ctx.ws.champion)
+    stats = train_causal_lm(
+        model, tokenizer, examples, steps=params.steps, batch_size=params.batch_size, lr=params.lr,
+        warmup_steps=params.warmup_steps, seed=ctx.seed("train"), progress=ctx.progress,
+    )
+    staging = ctx.ws.candidate.with_name("candidate.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    save_policy(model, tokenizer, staging)
+    shutil.rmtree(ctx.ws.candidate, ignore_errors=True)
+    staging.rename(ctx.ws.candidate)
+    sources = {}
+    for record in records:
+        sources[record["source"]] = sources.get(record["source"], 0) + 1
+    return {
+        "mode": "rft",
+        "examples": sources,
+        "steps": stats.steps,
+        "tokens": stats.tokens,
+        "tokens_per_s": round(stats.tokens_per_s, 1),
+        "first_loss": stats.first_loss,
+        "final_loss": stats.final_loss,
+        "parent_version": model_fingerprint(ctx.ws.champion),
+        "model_version": model_fingerprint(ctx.ws.candidate),
+    }

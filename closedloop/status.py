@@ -1,0 +1,48 @@
+"""`closedloop status`: the champion and the last iterations, with scores and data versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from closedloop.config import Params
+
+
+def status_text(root: Path, params: Params, limit: int = 10) -> str:
+    from closedloop.lineage import tracking
+    from closedloop.lineage.dvc import DvcWorkspace
+
+    uri = tracking.configure(root, params.tracking.uri, params.tracking.experiment)
+    name = params.tracking.registered_model
+    lines = [f"workspace   {root}", f"tracking    {uri}", f"iteration   {params.loop.iteration} (params.yaml)"]
+    champion = tracking.get_alias(name, "champion")
+    if champion is None:
+        lines.append(f"champion    none yet (run `closedloop run`)")
+    else:
+        tags = tracking.model_version_tags(name, champion)
+        lines.append(f"champion    {name} v{champion}  iteration {tags.get('iteration', '?')}  "
+                     f"benchmark pass@1 {tags.get('benchmark.pass_at_1', '?')}  model {tags.get('dvc.model', '?')[:12]}")
+    challenger = tracking.get_alias(name, "challenger")
+    if challenger is not None:
+        lines.append(f"challenger  {name} v{challenger}")
+    runs = tracking.recent_iterations(params.tracking.experiment, limit=limit)
+    if runs:
+        lines.append("")
+        lines.append(f"{'run':<28} {'status':<9} {'candidate':>9} {'champion':>9} {'promoted':>8}  data (dvc samples / train_set)")
+        for run in runs:
+            metrics, tags = run["metrics"], run["tags"]
+            cand = metrics.get("evaluate.candidate_pass_at_1", metrics.get("warmstart.benchmark_pass_at_1"))
+            champ = metrics.get("evaluate.champion_pass_at_1")
+            lines.append(
+                f"{run['run_name']:<28} {run['status']:<9} {_fmt(cand):>9} {_fmt(champ):>9} "
+                f"{tags.get('promoted', '-'):>8}  {tags.get('dvc.samples', '-')[:10]} / {tags.get('dvc.train_set', '-')[:10]}"
+            )
+    experiments = DvcWorkspace(root).experiments()
+    if experiments:
+        lines.append("")
+        lines.append("dvc experiments: " + ", ".join(sorted(experiments)))
+        lines.append("restore one with `dvc exp apply NAME`, then `dvc repro` reproduces it")
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"

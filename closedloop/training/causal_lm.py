@@ -1,0 +1,161 @@
+"""Supervised fine-tuning of a causal LM on (prompt, completion) pairs, with loss on the completion only.
+
+Used by the warm start (reference solutions) and by rejection-sampling fine-tuning (verified
+samples). Deterministic on CPU: the same model, examples and seed give the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+IGNORE_INDEX = -100  # the label value transformers' causal-LM loss skips
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    completion: str
+
+
+@dataclass
+class TrainStats:
+    steps: int
+    examples: int
+    tokens: int  # non-pad tokens fed to the model, prompt tokens included
+    wall_s: float
+    tokens_per_s: float
+    first_loss: float | None
+    final_loss: float | None  # the last step's loss; ``losses`` has every step for smoothing
+    losses: list[float] = field(default_factory=list)
+
+
+def encode_example(tokenizer: Any, example: Example) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` of one example; prompt positions carry IGNORE_INDEX.
+
+    Prompt and completion are tokenised separately, exactly as at sampling time (where the prompt is
+    tokenised with BOS and the model continues it), so training sees the token boundary it will see
+    when generating. EOS ends the completion: it is how the model learns to stop.
+    """
+    prompt_ids = tokenizer(example.prompt, add_special_tokens=True)["input_ids"]
+    completion_ids = tokenizer(example.completion, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; completions could not end")
+    input_ids = prompt_ids + completion_ids + [eos]
+    labels = [IGNORE_INDEX] * len(prompt_ids) + completion_ids + [eos]
+    return input_ids, labels
+
+
+def train_causal_lm(
+    model: Any,
+    tokenizer: Any,
+    examples: list[Example],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    seed: int,
+    progress: bool = False,
+) -> TrainStats:
+    """Train ``model`` in place for ``steps`` AdamW steps; returns what happened. Leaves it in eval mode.
+
+    Batches walk through the examples in an order reshuffled every epoch by ``random.Random(seed)``.
+    The learning rate rises linearly over ``warmup_steps`` then follows a cosine to ~0 at ``steps``.
+    """
+    if steps < 0 or batch_size < 1 or lr <= 0 or warmup_steps < 0:
+        raise ValueError(
+            f"steps ({steps}) must be >= 0, batch_size ({batch_size}) >= 1, lr ({lr}) > 0 and "
+            f"warmup_steps ({warmup_steps}) >= 0"
+        )
+    if steps == 0 or not examples:
+        return TrainStats(steps=0, examples=len(examples), tokens=0, wall_s=0.0, tokens_per_s=0.0,
+                          first_loss=None, final_loss=None, losses=[])
+
+    import torch
+    from tqdm.auto import tqdm
+
+    limit = getattr(model.config, "max_position_embeddings", None)
+    encoded = [encode_example(tokenizer, example) for example in examples]
+    if limit:
+        # Keep the prompt and as much of the completion as fits; the tail is what gets cut.
+        encoded = [(ids[:limit], labels[:limit]) for ids, labels in encoded]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = _batch_indices(len(encoded), batch_size, steps, random.Random(seed))
+
+    losses: list[float] = []
+    tokens = 0
+    started = time.perf_counter()
+    # fork_rng: the seed governs this run without resetting the caller's global random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
+        model.train()
+        bar = tqdm(batches, desc="training", unit="step", disable=not progress)
+        try:
+            for indices in bar:
+                batch = _collate([encoded[i] for i in indices], pad_id)
+                input_ids, attention_mask, labels = (t.to(model.device) for t in batch)
+                loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+                tokens += int(attention_mask.sum())
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        finally:
+            bar.close()
+            model.eval()
+    wall = time.perf_counter() - started
+    return TrainStats(
+        steps=len(losses),
+        examples=len(examples),
+        tokens=tokens,
+        wall_s=wall,
+        tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        first_loss=losses[0],
+        final_loss=losses[-1],
+        losses=losses,
+    )
+
+
+def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random) -> list[list[int]]:
+    """``steps`` batches of example indices: epochs of reshuffled orders, cut into batch_size runs.
+
+    A batch may straddle two epochs, so every batch is full and every example is seen equally often.
+    """
+    stream: list[int] = []
+    need = steps * batch_size
+    while len(stream) < need:
+        order = list(range(n))
+        rng.shuffle(order)
+        stream.extend(order)
+    return [stream[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+
+
+def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
+    """Right-pad a batch; padded positions are masked out of attention and of the loss."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.tensor([ids + [pad_id] * (width - len(ids)) for ids, _ in rows])  # (B, T)
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])  # (B, T)
+    labels = torch.tensor([lab + [IGNORE_INDEX] * (width - len(lab)) for _, lab in rows])  # (B, T)
+    return input_ids, attention_mask, labels
+
+
+def _warmup_cosine(warmup_steps: int, steps: int) -> Any:
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor

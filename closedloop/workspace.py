@@ -1,0 +1,64 @@
+"""Where every file of a workspace lives. One place, so stages, dvc.yaml and the flows agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def at(cls, root: Path | str = ".") -> "Workspace":
+        return cls(Path(root).resolve())
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    # The fixed benchmark and the warm start (iteration 0).
+    benchmark_tasks = property(lambda self: self.root / BENCHMARK_TASKS)
+    references = property(lambda self: self.root / REFERENCES)
+    warmstart_model = property(lambda self: self.root / WARMSTART_MODEL)
+    warmstart_eval = property(lambda self: self.root / WARMSTART_EVAL)
+    # The current champion: an input of the pipeline (dvc add), so the loop closes without a cycle.
+    champion = property(lambda self: self.root / CHAMPION)
+    # The batch of the current iteration; earlier batches live in the DVC cache and experiment refs.
+    tasks = property(lambda self: self.root / TASKS)
+    samples = property(lambda self: self.root / SAMPLES)
+    sample_timings = property(lambda self: self.root / SAMPLE_TIMINGS)
+    rewards = property(lambda self: self.root / REWARDS)
+    graded = property(lambda self: self.root / GRADED)
+    fixes = property(lambda self: self.root / FIXES)
+    train_set = property(lambda self: self.root / TRAIN_SET)
+    validation_dir = property(lambda self: self.root / VALIDATION_DIR)
+    validation_report = property(lambda self: self.root / VALIDATION_REPORT)
+    candidate = property(lambda self: self.root / CANDIDATE)
+    evaluation = property(lambda self: self.root / EVALUATION)
+    gate = property(lambda self: self.root / GATE)
+    next_champion = property(lambda self: self.root / NEXT_CHAMPION)
+
+    def metrics(self, stage: str) -> Path:
+        return self.root / METRICS_DIR / f"{stage}.json"
+
+
+BENCHMARK_TASKS = "data/benchmark/tasks.jsonl"
+REFERENCES = "data/warmstart/references.jsonl"
+WARMSTART_MODEL = "data/models/warmstart"
+WARMSTART_EVAL = "data/warmstart/evaluation.json"
+CHAMPION = "data/champion"
+TASKS = "data/batch/tasks.jsonl"
+SAMPLES = "data/batch/samples.jsonl"
+SAMPLE_TIMINGS = "data/batch/sample_timings.jsonl"
+REWARDS = "data/batch/rewards.jsonl"
+GRADED = "data/batch/graded.jsonl"
+FIXES = "data/batch/fixes.jsonl"
+TRAIN_SET = "data/batch/train_set.jsonl"
+VALIDATION_DIR = "data/batch/validation"
+VALIDATION_REPORT = "data/batch/validation/report.json"
+CANDIDATE = "data/models/candidate"
+EVALUATION = "data/reports/evaluation.json"
+GATE = "data/reports/gate.json"
+NEXT_CHAMPION = "data/models/next_champion"
+METRICS_DIR = "metrics"

@@ -1,0 +1,157 @@
+"""The Prefect flows against a real Prefect API, with real DVC, MLflow and GX underneath."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from closedloop.config import load_params
+from closedloop.lineage.dvc import DvcWorkspace
+
+
+def _registry(root: Path):
+    import mlflow
+
+    from closedloop.lineage import tracking
+
+    params = load_params(root)
+    tracking.configure(root, None, params.tracking.experiment)
+    return mlflow.MlflowClient(), params.tracking.registered_model
+
+
+@pytest.fixture(scope="module")
+def looped(prefect_api, tmp_path_factory):
+    """A workspace after the warm start and one iteration, run by the loop flow."""
+    import yaml
+
+    from closedloop.scaffold import init_workspace
+    from flows.loop import closed_loop
+    from tests.conftest import TINY
+
+    root = tmp_path_factory.mktemp("flow") / "ws"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(TINY))
+    init_workspace(root)
+    result = closed_loop(iterations=1, workspace=str(root))
+    return root, result
+
+
+def test_loop_result_names_the_iteration(looped):
+    root, result = looped
+    assert result["warm_start"]["model_version"] == "1"
+    (it,) = result["iterations"]
+    assert it["iteration"] == 1 and it["model_version"] == "2"
+    assert load_params(root).loop.iteration == 1
+
+
+def test_dvc_is_clean_after_a_prefect_iteration(looped):
+    root, _ = looped
+    assert DvcWorkspace(root).status() == {}
+
+
+def test_iteration_saved_as_experiment_and_pushed(looped):
+    root, result = looped
+    assert result["iterations"][0]["experiment"] in DvcWorkspace(root).experiments()
+    assert any((root / ".dvc-remote").rglob("*")), "nothing was pushed to the local DVC remote"
+
+
+def test_registry_versions_carry_lineage_tags_and_aliases_follow_the_gate(looped):
+    root, result = looped
+    client, name = _registry(root)
+    tags = client.get_model_version(name, "2").tags
+    for key in ("dvc.tasks", "dvc.samples", "dvc.rewards", "dvc.graded", "dvc.train_set", "dvc.model", "git.rev",
+                "feedback_sources", "benchmark.pass_at_1", "benchmark.pass_at_1.code/core", "dvc.exp_rev"):
+        assert tags.get(key), f"model version 2 lacks tag {key}"
+    assert "verifier:code" in tags["feedback_sources"] and "validator:batch" in tags["feedback_sources"]
+    lock = (root / "dvc.lock").read_text()
+    assert tags["dvc.samples"] in lock
+    assert str(client.get_model_version_by_alias(name, "challenger").version) == "2"
+    expected_champion = "2" if result["iterations"][0]["promoted"] else "1"
+    assert str(client.get_model_version_by_alias(name, "champion").version) == expected_champion
+
+
+def test_mlflow_run_has_metrics_datasets_and_plot(looped):
+    import mlflow
+
+    root, result = looped
+    client, _ = _registry(root)
+    run = client.get_run(result["iterations"][0]["run_id"])
+    metrics = run.data.metrics
+    for key in ("grade.reward_mean", "grade.reward_std", "grade.pass_rate.code", "grade.buckets.positive",
+                "sample.tokens_per_s", "sample.samples_per_s", "stage_seconds.train",
+                "evaluate.candidate_pass_at_1"):
+        assert key in metrics, f"run lacks metric {key}"
+    digests = {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs}
+    assert {"tasks", "samples", "rewards", "graded"} <= set(digests)
+    assert digests["samples"] and digests["samples"] in (root / "dvc.lock").read_text()
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "plots")]
+    assert "plots/reward_hist.png" in artifacts
+
+
+def test_benchmark_table_artifact_published(looped):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    import asyncio
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["benchmark-iteration-1"])))
+
+    artifacts = asyncio.run(read())
+    assert artifacts and artifacts[0].type == "table"
+
+
+def test_failing_batch_stops_before_training_and_moves_nothing(looped, monkeypatch):
+    """A grading bug that writes a reward of 1.5: validation stops the iteration before training."""
+    import closedloop.stages.grade as grade
+    from flows.iteration import iteration_flow
+
+    root, _ = looped
+    client, name = _registry(root)
+    versions_before = sorted(str(v.version) for v in client.search_model_versions(f"name='{name}'"))
+    aliases_before = {a: str(client.get_model_version_by_alias(name, a).version) for a in ("champion", "challenger")}
+    candidate = root / "data/models/candidate"
+    candidate_mtime = candidate.stat().st_mtime_ns
+
+    original = grade.graded_row
+
+    def corrupt(sample, reward):
+        row = original(sample, reward)
+        return {**row, "reward": 1.5} if sample["sample_index"] == 0 else row
+
+    monkeypatch.setattr(grade, "graded_row", corrupt)
+    with pytest.raises(Exception) as error:
+        iteration_flow(workspace=str(root))
+    assert "expect_column_values_to_be_between" in str(error.value) and "reward" in str(error.value)
+    assert candidate.stat().st_mtime_ns == candidate_mtime  # training never ran
+    assert sorted(str(v.version) for v in client.search_model_versions(f"name='{name}'")) == versions_before
+    assert {a: str(client.get_model_version_by_alias(name, a).version) for a in aliases_before} == aliases_before
+    failed = client.search_runs([client.get_experiment_by_name("closedloop").experiment_id],
+                                "tags.`closedloop.failed_stage` = 'validate'")
+    assert failed and failed[0].info.status == "FAILED"
+    assert (root / "data/batch/validation/report.json").exists()
+
+
+def test_deployments_expose_params_as_a_form(prefect_api, tmp_path):
+    """What the Prefect UI renders: the applied deployment's schema has a field per setting."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from flows.serve import deployments
+
+    deployment = {d.name: d for d in deployments(str(tmp_path))}["iteration"]
+    deployment_id = deployment.apply()
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_deployment(deployment_id)
+
+    schema = asyncio.run(read()).parameter_openapi_schema
+    assert {"params", "workspace"} <= set(schema["properties"])
+    definitions = schema.get("definitions") or schema.get("$defs")
+    assert "k" in definitions["SampleParams"]["properties"]
+    assert definitions["SampleParams"]["properties"]["k"]["exclusiveMinimum"] == 0

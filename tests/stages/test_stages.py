@@ -1,0 +1,151 @@
+"""Every stage on a temporary workspace with tiny params: outputs, determinism, refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from closedloop.config import load_params
+from closedloop.io import read_json, read_jsonl, replace_dir
+from closedloop.stages import StageError, run_stage
+from closedloop.workspace import Workspace
+
+STAGES_AFTER_WARM_START = ("generate", "sample", "reward", "grade", "validate", "train", "evaluate", "gate",
+                           "promote")
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory) -> Workspace:
+    """One workspace taken through the warm start and one iteration, stage by stage."""
+    import yaml
+
+    from tests.conftest import TINY
+
+    root = tmp_path_factory.mktemp("stages")
+    (root / "params.yaml").write_text(yaml.safe_dump(TINY))
+    ws = Workspace.at(root)
+    run_stage("benchmark", root)
+    run_stage("warmstart", root)
+    replace_dir(ws.warmstart_model, ws.champion)  # what closing the loop does, minus DVC
+    for name in STAGES_AFTER_WARM_START:
+        run_stage(name, root)
+    return ws
+
+
+def test_every_stage_wrote_its_outputs_and_metrics(done):
+    from closedloop.pipeline import STAGES
+
+    for spec in STAGES:
+        for out in spec.outs:
+            assert (done.root / out).exists(), f"{spec.name} did not write {out}"
+        metrics = read_json(done.metrics(spec.name))
+        assert metrics["seconds"] >= 0
+
+
+def test_benchmark_and_training_tasks_are_disjoint(done):
+    bench = {t["task_id"] for t in read_jsonl(done.benchmark_tasks)}
+    train = {t["task_id"] for t in read_jsonl(done.tasks)}
+    prompts = {t["prompt"] for t in read_jsonl(done.benchmark_tasks)}
+    assert bench and train and not bench & train
+    assert not prompts & {t["prompt"] for t in read_jsonl(done.tasks)}
+
+
+def test_samples_record_settings_model_version_and_tokens(done):
+    params = load_params(done.root)
+    samples = read_jsonl(done.samples)
+    assert len(samples) == params.generate.n_tasks * params.sample.k
+    from closedloop.models.loading import model_fingerprint
+
+    version = model_fingerprint(done.champion)
+    for sample in samples:
+        assert sample["model_version"] == version
+        assert (sample["temperature"], sample["top_p"], sample["max_new_tokens"], sample["k"]) == (
+            params.sample.temperature, params.sample.top_p, params.sample.max_new_tokens, params.sample.k)
+        assert sample["completion_tokens"] >= 0 and sample["prompt_tokens"] > 0
+    timings = read_jsonl(done.sample_timings)
+    assert [t["sample_id"] for t in timings] == [s["sample_id"] for s in samples]
+
+
+def test_rewards_keep_components_and_steps(done):
+    for row in read_jsonl(done.rewards):
+        assert set(row["components"]) >= {"syntax", "runs", "tests_passed"}
+        assert {"parses", "runs", "tests_passed", "tests_total"} <= set(row["steps"])
+        assert 0.0 <= row["reward"] <= 1.0
+
+
+def test_reference_solutions_score_full_reward(done):
+    """The reward stage on the references themselves: every one is a positive."""
+    root = done.root
+    scratch = root.parent / "refs"
+    shutil.copytree(root, scratch)
+    ws = Workspace.at(scratch)
+    tasks = read_jsonl(ws.tasks)
+    samples = [s for s in read_jsonl(ws.samples) if s["sample_index"] == 0]
+    by_id = {t["task_id"]: t for t in tasks}
+    from closedloop.io import write_jsonl
+
+    write_jsonl(ws.samples, [{**s, "completion": by_id[s["task_id"]]["reference"]} for s in samples])
+    run_stage("reward", scratch)
+    rows = read_jsonl(ws.rewards)
+    assert rows and all(row["passed"] and row["reward"] == 1.0 for row in rows), rows[:2]
+
+
+@pytest.mark.parametrize("stage, output", [
+    ("generate", "data/batch/tasks.jsonl"),
+    ("sample", "data/batch/samples.jsonl"),
+    ("reward", "data/batch/rewards.jsonl"),
+    ("grade", "data/batch/graded.jsonl"),
+])
+def test_stage_outputs_are_deterministic(done, stage, output):
+    before = (done.root / output).read_bytes()
+    run_stage(stage, done.root)
+    assert (done.root / output).read_bytes() == before
+
+
+def test_gate_report_names_its_reasons(done):
+    gate = read_json(done.gate)
+    assert isinstance(gate["promote"], bool) and gate["reasons"]
+    assert "overall pass@1" in gate["reasons"][0]
+    promoted = read_json(done.metrics("promote"))
+    from closedloop.models.loading import model_fingerprint
+
+    expected = done.candidate if gate["promote"] else done.champion
+    assert model_fingerprint(done.next_champion) == model_fingerprint(expected) == promoted["model_version"]
+
+
+def test_corrupted_batch_fails_validation_and_training_refuses(done, tmp_path):
+    scratch = tmp_path / "corrupt"
+    shutil.copytree(done.root, scratch)
+    ws = Workspace.at(scratch)
+    rows = read_jsonl(ws.graded)
+    rows[0]["reward"] = 1.5
+    from closedloop.io import write_jsonl
+
+    write_jsonl(ws.graded, rows)
+    with pytest.raises(StageError) as error:
+        run_stage("validate", scratch)
+    message = str(error.value)
+    assert "expect_column_values_to_be_between" in message and "reward" in message
+    report = read_json(ws.validation_report)
+    assert report["success"] is False
+    candidate_before = sorted(p.name for p in ws.candidate.iterdir())
+    shutil.rmtree(ws.candidate)
+    with pytest.raises(StageError, match="failed validation"):
+        run_stage("train", scratch)
+    assert not ws.candidate.exists(), candidate_before
+
+
+def test_unknown_task_in_samples_is_refused(done, tmp_path):
+    scratch = tmp_path / "unknown"
+    shutil.copytree(done.root, scratch)
+    ws = Workspace.at(scratch)
+    samples = read_jsonl(ws.samples)
+    samples[0]["task_id"] = "code/train/nope"
+    ws.samples.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    before = ws.rewards.read_bytes()
+    with pytest.raises(StageError, match="code/train/nope"):
+        run_stage("reward", scratch)
+    assert ws.rewards.read_bytes() == before  # nothing half-written

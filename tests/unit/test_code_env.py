@@ -1,0 +1,228 @@
+"""The code environment: seeded generation, disjoint splits, trusted references, verdicts."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from closedloop.config import CodeEnvParams, Params
+from closedloop.envs import ENVIRONMENTS, get_env
+from closedloop.envs.base import Task
+from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark, same_value
+from closedloop.envs.code_tasks import FAMILIES
+from closedloop.sandbox import ExecResult, Limits, SandboxPool, to_plain
+
+KINDS = sorted(FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def env() -> CodeEnv:
+    return CodeEnv(CodeEnvParams())
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(workers=2, limits=Limits(timeout_s=1.0, memory_mb=256)) as shared:
+        yield shared
+
+
+@pytest.fixture(scope="module")
+def tasks(env) -> list[Task]:
+    """250 train + 100 benchmark tasks: every kind, both splits."""
+    return env.generate(250, seed=3, split="train") + env.generate(100, seed=3, split="benchmark")
+
+
+def records(tasks: list[Task]) -> str:
+    return json.dumps([t.to_record() for t in tasks], sort_keys=True)
+
+
+class TestGenerate:
+    def test_same_arguments_give_byte_identical_tasks(self, env):
+        assert records(env.generate(60, 11, "train")) == records(CodeEnv(CodeEnvParams()).generate(60, 11, "train"))
+        assert records(env.generate(60, 11, "train")) != records(env.generate(60, 12, "train"))
+
+    def test_train_and_benchmark_are_disjoint_whatever_the_seeds(self, env):
+        train = [t for seed in range(8) for t in env.generate(100, seed, "train")]
+        benchmark = [t for seed in range(8) for t in env.generate(50, seed, "benchmark")]
+        assert not {t.prompt for t in train} & {t.prompt for t in benchmark}
+        # Disjoint in what the functions compute, not only in wording: the split is a property of
+        # the behaviour, so a reworded benchmark task cannot reach train either.
+        behaviours = {split: {_behaviour(t) for t in chosen} for split, chosen in (("train", train), ("benchmark", benchmark))}
+        assert not behaviours["train"] & behaviours["benchmark"]
+        assert all(in_benchmark(b) for b in behaviours["benchmark"])
+        assert not any(in_benchmark(b) for b in behaviours["train"])
+
+    def test_no_duplicates_and_kinds_in_round_robin(self, tasks):
+        for split in ("train", "benchmark"):
+            chosen = [t for t in tasks if t.split == split]
+            assert len({t.task_id for t in chosen}) == len(chosen)
+            assert len({t.prompt for t in chosen}) == len(chosen)
+            assert set(Counter(t.kind for t in chosen).values()) == {len(chosen) // len(KINDS)}
+
+    def test_task_shape(self, env, tasks):
+        for task in tasks:
+            comment, signature, rest = task.prompt.split("\n")
+            assert comment.startswith("# Return ") and comment.endswith(".") and signature.startswith("def f(")
+            assert rest == "" and task.entry_point == "f" and task.slice == "core" and task.env == "code"
+            assert re.fullmatch(rf"code/{task.split}/[0-9a-f]{{10}}", task.task_id)
+            assert task.reference.startswith("    return ") and task.reference.endswith("\n")
+            assert 1 <= task.reference.count("\n") <= 3 and len(task.reference) < 80
+            assert len(task.checks["calls"]) == len(task.checks["expected"]) == env.params.tests_per_task
+            assert Task.from_record(json.loads(json.dumps(task.to_record()))) == task
+
+    def test_tests_per_task_follows_params(self):
+        small = CodeEnv(CodeEnvParams(tests_per_task=2)).generate(10, 0, "train")
+        assert all(len(t.checks["calls"]) == 2 for t in small)
+
+    def test_hidden_tests_catch_off_by_one_constants(self, tasks):
+        # Mutation score: change each integer literal of a reference by ±1; the tests must notice.
+        # A few mutants are equivalent (e.g. sum over x < 0 vs x < 1), so demand most, not all.
+        killed = total = 0
+        for task in tasks:
+            for match in re.finditer(r"(?<![\w.])\d+", task.reference):
+                for delta in (1, -1):
+                    if int(match.group()) + delta < 0:
+                        continue
+                    mutant = task.reference[: match.start()] + str(int(match.group()) + delta) + task.reference[match.end():]
+                    total += 1
+                    killed += _fails_tests(task, mutant)
+        assert total > 500 and killed / total >= 0.97, (killed, total)
+
+    @pytest.mark.parametrize("split, n, message", [
+        ("test", 5, "split must be one of"),
+        ("train", -1, r"n \(-1\) must be >= 0"),
+        ("benchmark", 2000, "nearly exhausted"),  # the benchmark share of arith formulas is ~80 tasks
+    ])
+    def test_bad_requests_say_why(self, env, split, n, message):
+        with pytest.raises(ValueError, match=message):
+            env.generate(n, 0, split)
+
+
+def _behaviour(task: Task) -> str:
+    params = task.prompt.splitlines()[1][len("def f(") : -len("):")]
+    return behaviour_hash(params, _load_trusted(task.prompt + task.reference))
+
+
+def _fails_tests(task: Task, body: str) -> bool:
+    try:
+        function = _load_trusted(task.prompt + body)
+        return any(
+            not same_value(want, to_plain(function(*args)))
+            for args, want in zip(task.checks["calls"], task.checks["expected"])
+        )
+    except Exception:  # noqa: BLE001 - a mutant that raises is caught by the tests too
+        return True
+
+
+class TestVerify:
+    def test_every_reference_passes_with_full_reward(self, env, pool, tasks):
+        verdicts = env.verify_batch(tasks, [t.reference for t in tasks], pool)
+        assert {v.status for v in verdicts} == {"passed"}
+        assert all(v.components == {"syntax": 1.0, "runs": 1.0, "tests_passed": 1.0} for v in verdicts)
+        assert all(v.steps["tests_passed"] == v.steps["tests_total"] == 6 for v in verdicts)
+        assert {t.kind for t in tasks} == set(KINDS) and {t.split for t in tasks} == {"train", "benchmark"}
+
+    def test_a_wrong_constant_loses_reward_and_feedback_names_the_call(self, env, pool, tasks):
+        def bump(reference: str) -> str:  # the first integer literal, plus one
+            return re.sub(r"(?<![\w.])(\d+)", lambda m: str(int(m.group()) + 1), reference, count=1)
+
+        # One task per kind whose bumped constant changes the function (some bumps are equivalent).
+        chosen = [next(t for t in tasks if t.kind == kind and _fails_tests(t, bump(t.reference))) for kind in KINDS]
+        wrong = [bump(t.reference) for t in chosen]
+        for task, verdict in zip(chosen, env.verify_batch(chosen, wrong, pool)):
+            assert not verdict.passed and verdict.status == "failed", (task.reference, verdict)
+            assert verdict.components["tests_passed"] < 1.0
+            assert re.match(r"f\(.*\) returned .*, expected .*", verdict.feedback), verdict.feedback
+
+    # (completion, verdict status, feedback pattern, parses); malformed output of a tiny model
+    MALFORMED = [
+        ("", "syntax_error", r"IndentationError: expected an indented block", False),
+        ("hello world", "syntax_error", r"(Syntax|Indentation)Error", False),
+        ("    return (", "syntax_error", r"SyntaxError: '\(' was never closed \(line 3\)", False),
+        ("    import os; os._exit(0)", "runtime_error", r"exited with code 0", True),
+        ("    import sys; sys.exit(0)", "runtime_error", r"raised SystemExit: 0", True),
+        ("    return 1 / 0", "runtime_error", r"f\(.*\) raised ZeroDivisionError: division by zero", True),
+        ("    return undefined_name", "runtime_error", r"NameError: name 'undefined_name' is not defined", True),
+        ("    while True:\n        pass\n", "timeout", r"timed out after 1.0s", True),
+        ("    return [0] * 10**10\n", "memory", r"exceeded the memory limit \(256 MB\)", True),
+        ("    return None\n", "failed", r"returned None, expected", True),
+        ("    return True\n", "failed", r"returned True, expected", True),  # bool never equals int
+        ("    return 0\nprint('x' * 10**6)\n", "runtime_error", r"printed or returned more than", True),
+    ]
+
+    @pytest.mark.parametrize("completion, status, feedback, parses", MALFORMED)
+    def test_malformed_completions(self, env, pool, tasks, completion, status, feedback, parses):
+        task = next(t for t in tasks if t.kind == "reduce" and t.checks["expected"][0] not in (0, 1))
+        verdict = env.verify(task, completion, pool)
+        assert verdict.status == status and not verdict.passed
+        assert re.search(feedback, verdict.feedback), verdict.feedback
+        assert verdict.steps["parses"] is parses and verdict.components["syntax"] == float(parses)
+        assert verdict.components["tests_passed"] < 1.0
+        assert set(verdict.components) == {"syntax", "runs", "tests_passed"} and "wall_s" in verdict.timing
+
+    def test_verdicts_repeat_exactly(self, env, pool, tasks):
+        chosen = tasks[:20]
+        completions = [t.reference if i % 3 else "    return 1 // 0\n" for i, t in enumerate(chosen)]
+
+        def strip(verdicts):
+            return [(v.components, v.steps, v.passed, v.feedback, v.status) for v in verdicts]
+
+        assert strip(env.verify_batch(chosen, completions, pool)) == strip(env.verify_batch(chosen, completions, pool))
+
+    def test_an_infra_error_is_neither_pass_nor_fail(self, env, tasks):
+        class BrokenPool:
+            limits = Limits()
+
+            def run(self, jobs, progress=False):
+                return [ExecResult("infra_error", [], "worker died", "", "", None, 0.0, "fork+rlimits") for _ in jobs]
+
+        verdict = env.verify(tasks[0], tasks[0].reference, BrokenPool())
+        assert verdict.status == "infra_error" and not verdict.passed
+        assert set(verdict.components.values()) == {None}
+        assert verdict.steps["parses"] is None and verdict.steps["tests_passed"] is None
+        assert "not judged" in verdict.feedback and "worker died" in verdict.feedback
+
+    def test_lengths_must_match(self, env, pool, tasks):
+        with pytest.raises(ValueError, match="2 tasks but 1 completions"):
+            env.verify_batch(tasks[:2], ["    return 0\n"], pool)
+
+    def test_reference_is_the_tasks_reference(self, env, tasks):
+        assert env.reference(tasks[0]) == tasks[0].reference
+
+
+class TestSameValue:
+    # (expected, got, equal?)
+    CASES = [
+        (1, 1, True),
+        (1, True, False),  # bool is never an int
+        (True, 1, False),
+        (1, 1.0, False),  # an int expected wants an int
+        (2.0, 2, True),  # a float expected accepts an int of the same value
+        (0.3, 0.1 + 0.2, True),  # float tolerance 1e-9
+        (0.3, 0.3001, False),
+        ([1, [2, "a"]], [1, [2, "a"]], True),
+        ([1, 2], [2, 1], False),
+        ({"a": 1.0}, {"a": 1}, True),
+        ({"a": 1}, {"b": 1}, False),
+        (None, 0, False),
+        ("1", 1, False),
+    ]
+
+    @pytest.mark.parametrize("expected, got, equal", CASES)
+    def test_same_value(self, expected, got, equal):
+        assert same_value(expected, got) is equal
+
+
+class TestRegistry:
+    def test_get_env_builds_from_params(self):
+        params = Params.model_validate({"envs": {"code": {"tests_per_task": 3}}})
+        env = get_env("code", params)
+        assert isinstance(env, CodeEnv) and env.params.tests_per_task == 3
+        assert set(ENVIRONMENTS) == {"code"}
+
+    def test_unknown_env_is_named(self):
+        with pytest.raises(ValueError, match="unknown environment 'chess'; known: \\['code'\\]"):
+            get_env("chess", Params())

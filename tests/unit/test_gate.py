@@ -1,0 +1,63 @@
+"""pass@k, benchmark summaries, and the promotion gate."""
+
+import pytest
+
+from closedloop.evaluation.gate import decide
+from closedloop.evaluation.stats import pass_at_k, summarize
+
+
+class TestPassAtK:
+    @pytest.mark.parametrize(
+        "n, c, k, expected",
+        [
+            (4, 0, 1, 0.0),
+            (4, 4, 1, 1.0),
+            (4, 1, 1, 0.25),  # pass@1 is the passing fraction
+            (5, 2, 2, 1 - (3 / 5) * (2 / 4)),  # the unbiased estimator of Chen et al.
+            (3, 2, 2, 1.0),  # fewer failures than k: certain
+        ],
+    )
+    def test_table(self, n, c, k, expected):
+        assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def summary(overall, slices):
+    return {"overall": {"pass@1": overall, "se": 0.0, "tasks": 10},
+            "slices": {name: {"pass@1": value, "se": 0.0, "tasks": 5} for name, value in slices.items()}}
+
+
+class TestSummarize:
+    def test_per_slice_means_weigh_tasks_equally(self):
+        result = summarize([
+            {"task_id": "a", "env": "code", "slice": "core", "n": 4, "c": 4},
+            {"task_id": "b", "env": "code", "slice": "core", "n": 4, "c": 0},
+            {"task_id": "c", "env": "code", "slice": "edge", "n": 2, "c": 1},
+        ])
+        assert result["overall"]["pass@1"] == pytest.approx(0.5)
+        assert result["slices"]["code/core"]["pass@1"] == pytest.approx(0.5)
+        assert result["slices"]["code/edge"] == {"pass@1": 0.5, "se": 0.0, "tasks": 1}
+
+
+class TestDecide:
+    @pytest.mark.parametrize(
+        "champion, candidate, promote, says",
+        [
+            (summary(0.2, {"code/core": 0.2}), summary(0.3, {"code/core": 0.3}), True, "+0.100"),
+            (summary(0.3, {"code/core": 0.3}), summary(0.3, {"code/core": 0.3}), False, "does not exceed"),
+            # better overall, but one slice fell beyond the tolerance
+            (summary(0.3, {"code/a": 0.5, "code/b": 0.1}), summary(0.35, {"code/a": 0.3, "code/b": 0.4}), False,
+             "slice code/a regressed -0.200"),
+            # a small slice drop within tolerance does not block
+            (summary(0.3, {"code/a": 0.5, "code/b": 0.1}), summary(0.35, {"code/a": 0.48, "code/b": 0.22}), True,
+             "within slice_tolerance"),
+            (summary(0.3, {"code/a": 0.3}), summary(0.4, {}), False, "missing"),
+        ],
+    )
+    def test_table(self, champion, candidate, promote, says):
+        decision = decide(champion, candidate, min_improvement=0.0, slice_tolerance=0.05)
+        assert decision.promote is promote
+        assert any(says in reason for reason in decision.reasons), decision.reasons
+
+    def test_min_improvement(self):
+        decision = decide(summary(0.30, {}), summary(0.32, {}), min_improvement=0.05, slice_tolerance=0.05)
+        assert not decision.promote

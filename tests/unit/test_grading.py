@@ -1,0 +1,74 @@
+"""Buckets, failure→fix pairs and the training set."""
+
+import pytest
+
+from closedloop.grading import (
+    ERROR, PARTIAL, POSITIVE, bucket_counts, bucket_of, build_fix_pairs, fix_prompt, training_records,
+)
+
+
+class TestBucketOf:
+    @pytest.mark.parametrize(
+        "passed, total, bucket",
+        [
+            (4, 4, POSITIVE),  # every test passes
+            (1, 4, PARTIAL),  # some pass
+            (0, 4, ERROR),  # none pass
+            (0, 0, ERROR),  # crashed before any test ran
+        ],
+    )
+    def test_table(self, passed, total, bucket):
+        assert bucket_of(passed, total) == bucket
+
+
+def row(task, index, bucket, completion, status="failed", feedback="f([1]) returned 2, expected 1"):
+    return {"sample_id": f"{task}#{index}", "task_id": task, "sample_index": index, "bucket": bucket,
+            "completion": completion, "status": status, "feedback": feedback}
+
+
+PROMPTS = {"t1": "# Return x.\ndef f(x):\n", "t2": "# Return y.\ndef f(y):\n"}
+
+
+class TestFixPairs:
+    def test_pairs_failures_with_passes_of_the_same_task(self):
+        graded = [row("t1", 0, ERROR, "    return 0\n"), row("t1", 1, POSITIVE, "    return x\n", "passed"),
+                  row("t2", 0, ERROR, "    return 1\n")]  # t2 has no pass: no pair
+        pairs = build_fix_pairs(graded, PROMPTS, per_task=2)
+        assert len(pairs) == 1
+        pair = pairs[0]
+        assert (pair.failed_sample_id, pair.fixed_sample_id, pair.completion) == ("t1#0", "t1#1", "    return x\n")
+        assert pair.prompt.startswith(PROMPTS["t1"] + "    return 0\n# Error: f([1]) returned 2")
+        assert pair.prompt.endswith("# Corrected:\n" + PROMPTS["t1"])
+
+    def test_duplicate_failures_and_infra_errors_are_not_paired(self):
+        graded = [row("t1", 0, ERROR, "    return 0\n"), row("t1", 1, ERROR, "    return 0\n"),
+                  row("t1", 2, ERROR, "    return 9\n", status="infra_error"),
+                  row("t1", 3, POSITIVE, "    return x\n", "passed")]
+        assert [p.failed_sample_id for p in build_fix_pairs(graded, PROMPTS, per_task=5)] == ["t1#0"]
+
+    def test_per_task_cap(self):
+        graded = [row("t1", i, PARTIAL, f"    return {i}\n") for i in range(5)] + [
+            row("t1", 9, POSITIVE, "    return x\n", "passed")]
+        assert len(build_fix_pairs(graded, PROMPTS, per_task=2)) == 2
+
+    def test_feedback_is_one_line(self):
+        assert "\n# Error: a b\n" in fix_prompt("p\n", "c", "a\n   b")
+
+
+class TestTrainingRecords:
+    def test_positives_deduplicated_and_fixes_capped(self):
+        graded = [row("t1", i, POSITIVE, "    return x\n", "passed") for i in range(3)] + [
+            row("t2", 0, POSITIVE, "    return y\n", "passed"), row("t2", 1, ERROR, "    return 0\n")]
+        fixes = build_fix_pairs(graded, PROMPTS, per_task=2)
+        records = training_records(graded, PROMPTS, fixes, include_fixes=True, max_fix_fraction=0.5)
+        assert [r["source"] for r in records] == ["positive", "positive", "fix"]
+        assert training_records(graded, PROMPTS, fixes, include_fixes=False, max_fix_fraction=0.5)[-1]["source"] == "positive"
+        assert bucket_counts(graded) == {POSITIVE: 4, PARTIAL: 0, ERROR: 1}
+
+    def test_fix_fraction_never_exceeded(self):
+        graded = [row("t1", 0, POSITIVE, "    return x\n", "passed")] + [
+            row("t1", i, ERROR, f"    return {i}\n") for i in range(1, 9)]
+        fixes = build_fix_pairs(graded, PROMPTS, per_task=8)
+        records = training_records(graded, PROMPTS, fixes, include_fixes=True, max_fix_fraction=0.25)
+        share = sum(r["source"] == "fix" for r in records) / len(records)
+        assert share <= 0.25

@@ -1,0 +1,210 @@
+"""Fine-tuning on (prompt, completion) pairs: label masking, learning, determinism, schedules."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from closedloop.config import BuiltinModelParams
+from closedloop.models.builtin import build_builtin_model, train_tokenizer
+from closedloop.sampling.hf import generate
+from closedloop.training.causal_lm import (
+    IGNORE_INDEX,
+    Example,
+    _batch_indices,
+    _collate,
+    _warmup_cosine,
+    encode_example,
+    train_causal_lm,
+)
+
+TINY = BuiltinModelParams(
+    hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=320, max_position_embeddings=128
+)
+OPS = {"sum": "sum(xs)", "largest": "max(xs)", "smallest": "min(xs)", "length": "len(xs)", "sorted": "sorted(xs)"}
+EXAMPLES = [
+    Example(f"# Return the {op} of xs, case {i}.\ndef f(xs):\n", f"    return {expr}\n")
+    for i in range(10)
+    for op, expr in OPS.items()
+]  # 50 examples; the completion depends on the operation only
+TRAIN = dict(steps=200, batch_size=16, lr=5e-3, warmup_steps=10, seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """One intra-op thread: on a shared 2-core machine, two threads that wait on each other made these
+    tiny models up to 10x slower whenever another process was busy; results do not depend on it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer([e.prompt + e.completion for e in EXAMPLES], TINY.vocab_size)
+
+
+def _fresh_model(tokenizer, seed: int = 0):
+    return build_builtin_model(TINY, tokenizer, seed=seed)
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _same(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def trained(tokenizer):
+    model = _fresh_model(tokenizer)
+    stats = train_causal_lm(model, tokenizer, EXAMPLES, **TRAIN)
+    return model, stats
+
+
+class TestEncodeExample:
+    @pytest.mark.parametrize(
+        "example",
+        [
+            EXAMPLES[0],  # the usual case
+            Example("def f():\n", ""),  # an empty completion still teaches EOS
+            Example("", "    return 1\n"),  # an empty prompt is BOS alone
+            Example("s = '", "héllo ✓'\n"),  # unicode in the completion
+        ],
+    )
+    def test_only_completion_tokens_carry_labels(self, tokenizer, example):
+        input_ids, labels = encode_example(tokenizer, example)
+        prompt = tokenizer(example.prompt, add_special_tokens=True)["input_ids"]
+        completion = tokenizer(example.completion, add_special_tokens=False)["input_ids"]
+        assert input_ids == prompt + completion + [tokenizer.eos_token_id]
+        assert input_ids[0] == tokenizer.bos_token_id
+        assert labels == [IGNORE_INDEX] * len(prompt) + completion + [tokenizer.eos_token_id]
+        assert tokenizer.decode(input_ids, skip_special_tokens=True) == example.prompt + example.completion
+
+    def test_collate_pads_right_and_masks_padding(self, tokenizer):
+        rows = [encode_example(tokenizer, e) for e in (EXAMPLES[0], Example("x", "y"))]
+        input_ids, attention_mask, labels = _collate(rows, pad_id=tokenizer.pad_token_id)
+        short = len(rows[1][0])
+        assert input_ids.shape == attention_mask.shape == labels.shape == (2, len(rows[0][0]))
+        assert input_ids[1, :short].tolist() == rows[1][0]
+        assert set(input_ids[1, short:].tolist()) == {tokenizer.pad_token_id}
+        assert attention_mask[1].tolist() == [1] * short + [0] * (input_ids.shape[1] - short)
+        assert set(labels[1, short:].tolist()) == {IGNORE_INDEX}
+
+
+class TestTrainCausalLm:
+    def test_loss_falls_clearly(self, trained):
+        _, stats = trained
+        assert stats.steps == 200 and len(stats.losses) == 200 and stats.examples == 50
+        assert stats.first_loss == stats.losses[0] and stats.final_loss == stats.losses[-1]
+        assert sum(stats.losses[-10:]) / 10 < 0.02 * stats.first_loss
+        assert all(math.isfinite(x) for x in stats.losses)
+
+    def test_greedy_generation_reproduces_trained_completions(self, trained, tokenizer):
+        model, _ = trained
+        assert not model.training
+        sample = EXAMPLES[:10]  # two of each operation
+        result, _ = generate(
+            model, tokenizer, [e.prompt for e in sample], k=1, temperature=0.0, top_p=1.0, max_new_tokens=16,
+            stop=[], seed=0, batch_size=8,
+        )
+        assert [row[0].text for row in result] == [e.completion for e in sample]
+
+    def test_counts_non_pad_tokens(self, trained, tokenizer):
+        _, stats = trained
+        lengths = [len(encode_example(tokenizer, e)[0]) for e in EXAMPLES]
+        batches = _batch_indices(len(EXAMPLES), TRAIN["batch_size"], TRAIN["steps"], random.Random(TRAIN["seed"]))
+        assert stats.tokens == sum(lengths[i] for batch in batches for i in batch)
+        assert stats.wall_s > 0 and stats.tokens_per_s > 0
+
+    def test_deterministic(self, trained, tokenizer):
+        model, _ = trained
+        again = _fresh_model(tokenizer)
+        train_causal_lm(again, tokenizer, EXAMPLES, **TRAIN)
+        assert _same(_state(again), _state(model))
+
+    def test_seed_changes_the_order(self, tokenizer):
+        a, b = _fresh_model(tokenizer), _fresh_model(tokenizer)
+        short = dict(TRAIN, steps=5)
+        train_causal_lm(a, tokenizer, EXAMPLES, **short)
+        train_causal_lm(b, tokenizer, EXAMPLES, **dict(short, seed=1))
+        assert not _same(_state(a), _state(b))
+
+    @pytest.mark.parametrize(
+        "examples, steps",
+        [(EXAMPLES, 0), ([], 10)],  # no steps; no data
+    )
+    def test_nothing_to_do_leaves_the_model_untouched(self, tokenizer, examples, steps):
+        model = _fresh_model(tokenizer)
+        before = _state(model)
+        stats = train_causal_lm(model, tokenizer, examples, **dict(TRAIN, steps=steps))
+        assert stats.steps == 0 and stats.tokens == 0 and stats.losses == []
+        assert stats.first_loss is None and stats.final_loss is None
+        assert _same(_state(model), before)
+
+    def test_does_not_touch_the_global_random_stream(self, tokenizer):
+        import torch
+
+        torch.manual_seed(0)
+        expected = torch.rand(3)
+        torch.manual_seed(0)
+        train_causal_lm(_fresh_model(tokenizer), tokenizer, EXAMPLES[:4], **dict(TRAIN, steps=2, batch_size=2))
+        assert torch.equal(torch.rand(3), expected)
+
+    def test_progress_bar_and_eval_mode(self, tokenizer):
+        model = _fresh_model(tokenizer)
+        model.train()
+        settings = dict(TRAIN, steps=2, batch_size=2)
+        stats = train_causal_lm(model, tokenizer, EXAMPLES[:4], **settings, progress=True)
+        assert stats.steps == 2 and not model.training
+
+    def test_long_examples_are_cut_to_the_context(self, tokenizer):
+        model = _fresh_model(tokenizer)
+        long = Example("# long\n", "x = 1\n" * 200)  # far beyond 128 positions
+        stats = train_causal_lm(model, tokenizer, [long], **dict(TRAIN, steps=1, batch_size=1))
+        assert stats.tokens == TINY.max_position_embeddings
+
+    @pytest.mark.parametrize(
+        "overrides",
+        [dict(steps=-1), dict(batch_size=0), dict(lr=0.0), dict(warmup_steps=-1)],
+    )
+    def test_rejects_bad_settings(self, tokenizer, overrides):
+        with pytest.raises(ValueError):
+            train_causal_lm(_fresh_model(tokenizer), tokenizer, EXAMPLES, **dict(TRAIN, **overrides))
+
+
+class TestBatchIndices:
+    def test_epochs_are_permutations_and_batches_full(self):
+        batches = _batch_indices(10, 4, 5, random.Random(0))  # 20 indices: two epochs
+        assert [len(b) for b in batches] == [4] * 5
+        flat = [i for b in batches for i in b]
+        assert sorted(flat[:10]) == sorted(flat[10:]) == list(range(10))
+        assert flat[:10] != flat[10:]  # reshuffled each epoch
+
+    def test_deterministic_given_the_seed(self):
+        assert _batch_indices(7, 3, 9, random.Random(4)) == _batch_indices(7, 3, 9, random.Random(4))
+        assert _batch_indices(7, 3, 9, random.Random(4)) != _batch_indices(7, 3, 9, random.Random(5))
+
+
+class TestWarmupCosine:
+    @pytest.mark.parametrize(
+        "warmup, steps, step, expected",
+        [
+            (10, 100, 0, 1 / 11),  # the first step already moves
+            (10, 100, 9, 10 / 11),
+            (10, 100, 10, 1.0),  # peak right after warm-up
+            (10, 100, 55, 0.5),  # half-way down the cosine
+            (10, 100, 99, 0.5 * (1 + math.cos(math.pi * 89 / 90))),  # ~0 at the end
+            (0, 1, 0, 1.0),  # a single step uses the full rate
+        ],
+    )
+    def test_table(self, warmup, steps, step, expected):
+        assert _warmup_cosine(warmup, steps)(step) == pytest.approx(expected)
