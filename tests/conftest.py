@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see closedloop/cli.py: spinning threads collapse under load
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 os.environ.pop("MLFLOW_TRACKING_URI", None)

@@ -46,7 +46,13 @@ class DvcWorkspace:
                 os.chdir(previous)
 
     def _repo(self):
+        import logging
+
         from dvc.repo import Repo
+
+        # "Updating lock file" and "To track the changes with git, run: ..." (DVC logs both at INFO)
+        # on every stage is noise: the loop saves git state itself, as DVC experiments.
+        logging.getLogger("dvc").setLevel(logging.WARNING)
 
         return Repo(str(self.root))
 

@@ -183,8 +183,11 @@ def log_iteration(
                 # MLflow registers two local-file source classes under one name and warns that a
                 # plain path matches both; either resolution records the same path.
                 warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+                # Batch tables are never model inputs: MLflow's hint about integer columns and missing
+                # values at inference time does not apply.
+                warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer column")
                 dataset = mlflow.data.from_pandas(ds.frame, source=ds.path, name=ds.name, digest=ds.digest)
-            mlflow.log_input(dataset, context=ds.context)
+                mlflow.log_input(dataset, context=ds.context)
         if rewards:
             mlflow.log_figure(_reward_figure(rewards), HIST_ARTIFACT)
         for path in map(Path, artifacts):

@@ -40,7 +40,9 @@ def load_policy(name_or_path: str | Path) -> tuple[Any, Any]:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per load drowns the loop's own bars
     source = str(path) if is_local else name
     def load(local_files_only: bool) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
