@@ -50,6 +50,8 @@ def main() -> None:
         warm = time.perf_counter() - t
         result = iteration_flow(workspace=str(root))
         report(result["timing"], warm, "small" if args.small else "default")
+        print(f"benchmark pass@1: candidate {result['candidate_pass@1']:.3f} vs champion "
+              f"{result['champion_pass@1']:.3f} ({'promoted' if result['promoted'] else 'held'})")
 
 
 def report(timing: dict, warm_s: float, setting: str) -> None:

@@ -55,3 +55,15 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread: on a shared 2-core machine, two threads that wait on each other made tiny
+    models up to 10x slower whenever another process was busy; results do not depend on it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

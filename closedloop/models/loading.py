@@ -80,6 +80,9 @@ def _hub_offline() -> bool:
 
 def save_policy(model: Any, tokenizer: Any, out_dir: Path) -> None:
     """Save model and tokenizer into ``out_dir``; identical weights give byte-identical files."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar per save
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # One shard whatever the size: the file list must not depend on a size threshold.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 IGNORE_INDEX = -100  # the label value transformers' causal-LM loss skips
+GROUP_WINDOW = 8  # batches sorted by length together (see _batch_indices)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def train_causal_lm(
         # Keep the prompt and as much of the completion as fits; the tail is what gets cut.
         encoded = [(ids[:limit], labels[:limit]) for ids, labels in encoded]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batches = _batch_indices(len(encoded), batch_size, steps, random.Random(seed))
+    batches = _batch_indices(len(encoded), batch_size, steps, random.Random(seed),
+                             lengths=[len(ids) for ids, _ in encoded])
 
     losses: list[float] = []
     tokens = 0
@@ -126,10 +128,14 @@ def train_causal_lm(
     )
 
 
-def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random) -> list[list[int]]:
+def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random,
+                   lengths: list[int] | None = None) -> list[list[int]]:
     """``steps`` batches of example indices: epochs of reshuffled orders, cut into batch_size runs.
 
     A batch may straddle two epochs, so every batch is full and every example is seen equally often.
+    With ``lengths``, each window of GROUP_WINDOW batches is sorted by length before it is cut and
+    its batches are then shuffled: a few long examples (failure→fix prompts are ~3x longer than the
+    rest) no longer pad almost every batch to their length. Measured: ~2x training tokens/s.
     """
     stream: list[int] = []
     need = steps * batch_size
@@ -137,6 +143,16 @@ def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random) -> l
         order = list(range(n))
         rng.shuffle(order)
         stream.extend(order)
+    stream = stream[:need]
+    if lengths is not None:
+        window = batch_size * GROUP_WINDOW
+        grouped: list[int] = []
+        for start in range(0, need, window):
+            chunk = sorted(stream[start : start + window], key=lambda i: lengths[i])
+            runs = [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+            rng.shuffle(runs)
+            grouped.extend(i for run in runs for i in run)
+        stream = grouped
     return [stream[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
 
 

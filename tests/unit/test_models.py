@@ -12,6 +12,9 @@ from closedloop.config import BuiltinModelParams
 from closedloop.models.builtin import build_builtin_model, create_builtin, train_tokenizer
 from closedloop.models.loading import ModelLoadError, load_policy, model_fingerprint, save_policy
 
+# One torch thread for these tiny models (see tests/conftest.py: one_torch_thread).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = BuiltinModelParams(
     hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=320, max_position_embeddings=128
 )
@@ -21,18 +24,6 @@ CORPUS = [
     for n in range(20)
     for op, expr in OPS.items()
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads that wait on each other made these
-    tiny models up to 10x slower whenever another process was busy; results do not depend on it."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

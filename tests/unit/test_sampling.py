@@ -9,6 +9,9 @@ from closedloop.models.builtin import build_builtin_model, train_tokenizer
 from closedloop.sampling.hf import Generation, GenerationStats, _truncate, generate
 from closedloop.training.causal_lm import Example, train_causal_lm
 
+# One torch thread for these tiny models (see tests/conftest.py: one_torch_thread).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = BuiltinModelParams(
     hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=320, max_position_embeddings=128
 )
@@ -27,18 +30,6 @@ def _settings(**overrides):
     settings = dict(k=3, temperature=1.0, top_p=1.0, max_new_tokens=24, stop=STOP, seed=0, batch_size=8)
     settings.update(overrides)
     return settings
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads that wait on each other made these
-    tiny models up to 10x slower whenever another process was busy; results do not depend on it."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

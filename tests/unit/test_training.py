@@ -20,6 +20,9 @@ from closedloop.training.causal_lm import (
     train_causal_lm,
 )
 
+# One torch thread for these tiny models (see tests/conftest.py: one_torch_thread).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = BuiltinModelParams(
     hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, vocab_size=320, max_position_embeddings=128
 )
@@ -30,18 +33,6 @@ EXAMPLES = [
     for op, expr in OPS.items()
 ]  # 50 examples; the completion depends on the operation only
 TRAIN = dict(steps=200, batch_size=16, lr=5e-3, warmup_steps=10, seed=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads that wait on each other made these
-    tiny models up to 10x slower whenever another process was busy; results do not depend on it."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +112,8 @@ class TestTrainCausalLm:
     def test_counts_non_pad_tokens(self, trained, tokenizer):
         _, stats = trained
         lengths = [len(encode_example(tokenizer, e)[0]) for e in EXAMPLES]
-        batches = _batch_indices(len(EXAMPLES), TRAIN["batch_size"], TRAIN["steps"], random.Random(TRAIN["seed"]))
+        batches = _batch_indices(len(EXAMPLES), TRAIN["batch_size"], TRAIN["steps"], random.Random(TRAIN["seed"]),
+                                 lengths=lengths)
         assert stats.tokens == sum(lengths[i] for batch in batches for i in batch)
         assert stats.wall_s > 0 and stats.tokens_per_s > 0
 
@@ -188,6 +180,18 @@ class TestBatchIndices:
         flat = [i for b in batches for i in b]
         assert sorted(flat[:10]) == sorted(flat[10:]) == list(range(10))
         assert flat[:10] != flat[10:]  # reshuffled each epoch
+
+    def test_length_grouping_keeps_every_example_and_cuts_padding(self):
+        lengths = [100 if i % 8 == 0 else 10 for i in range(64)]  # one long example in eight
+        plain = _batch_indices(64, 8, 16, random.Random(0))
+        grouped = _batch_indices(64, 8, 16, random.Random(0), lengths=lengths)
+        assert sorted(i for b in grouped for i in b) == sorted(i for b in plain for i in b)
+        assert [len(b) for b in grouped] == [8] * 16
+
+        def padded(batches):
+            return sum(max(lengths[i] for i in b) * len(b) for b in batches)
+
+        assert padded(grouped) < 0.5 * padded(plain)
 
     def test_deterministic_given_the_seed(self):
         assert _batch_indices(7, 3, 9, random.Random(4)) == _batch_indices(7, 3, 9, random.Random(4))
