@@ -77,6 +77,9 @@ class SamplingSettings(_Section):
 
 class SampleParams(SamplingSettings):
     backend: Literal["hf"] = "hf"
+    settings_mismatch: Literal["error", "warn"] = Field(
+        "error", description="When the settings differ from those a model's rollouts used: fail, or warn."
+    )
     k: int = Field(8, gt=0, description="Samples per task.")
     batch_size: int = Field(256, gt=0, description="Sequences generated together.")
 

@@ -26,7 +26,8 @@ class StageSpec:
     metrics: tuple[str, ...] = field(default=())
 
 
-SAMPLING_KEYS = ("sample.temperature", "sample.top_p", "sample.max_new_tokens", "sample.stop")
+SAMPLING_KEYS = ("sample.temperature", "sample.top_p", "sample.max_new_tokens", "sample.stop",
+                 "sample.settings_mismatch")
 SANDBOX_KEYS = ("reward.timeout_s", "reward.memory_mb", "reward.workers")
 
 STAGES: tuple[StageSpec, ...] = (
@@ -66,7 +67,7 @@ STAGES: tuple[StageSpec, ...] = (
         # The validation report is an input: training never starts on a batch that failed validation.
         "train", ("stages/train.py", "training", "models"),
         (ws.TRAIN_SET, ws.REFERENCES, ws.CHAMPION, ws.VALIDATION_DIR),
-        ("project.seed", "loop.iteration", "train"), (ws.CANDIDATE,),
+        ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS), (ws.CANDIDATE,),
     ),
     StageSpec(
         "evaluate", ("stages/evaluate.py", "evaluation", "sampling", "models", "envs", "sandbox"),

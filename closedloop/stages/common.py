@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,19 @@ def sandbox_pool(params: Params):
         workers=params.reward.workers,
         limits=Limits(timeout_s=params.reward.timeout_s, memory_mb=params.reward.memory_mb),
     )
+
+
+def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:
+    """The requested sampling settings against those the model's rollouts used (see models/settings.py)."""
+    from closedloop.models.settings import SettingsMismatch, check_settings
+
+    try:
+        found = check_settings(model_dir, params.sample, params.sample.settings_mismatch)
+    except SettingsMismatch as error:
+        raise StageError(str(error)) from None
+    for line in found:
+        print(f"closedloop: warning: {model_dir}: {line}", file=sys.stderr)
+    return found
 
 
 def load_tasks(path: Path):

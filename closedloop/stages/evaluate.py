@@ -5,7 +5,7 @@ from __future__ import annotations
 from closedloop.envs import get_env
 from closedloop.evaluation.runner import evaluate_policy
 from closedloop.io import write_json
-from closedloop.stages.common import StageContext, load_tasks, sandbox_pool
+from closedloop.stages.common import StageContext, check_sampling_settings, load_tasks, sandbox_pool
 
 
 def run(ctx: StageContext) -> dict:
@@ -13,6 +13,8 @@ def run(ctx: StageContext) -> dict:
     tasks = load_tasks(ctx.ws.benchmark_tasks)
     seed = ctx.seed("evaluate")
     results = {}
+    for model_dir in (ctx.ws.champion, ctx.ws.candidate):
+        check_sampling_settings(model_dir, params)
     with sandbox_pool(params) as pool:
         for role, model_dir in (("champion", ctx.ws.champion), ("candidate", ctx.ws.candidate)):
             results[role] = evaluate_policy(

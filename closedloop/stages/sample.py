@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from closedloop.io import write_jsonl
-from closedloop.stages.common import StageContext, load_tasks
+from closedloop.stages.common import StageContext, check_sampling_settings, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
@@ -18,6 +18,7 @@ def run(ctx: StageContext) -> dict:
 
     settings = ctx.params.sample
     tasks = load_tasks(ctx.ws.tasks)
+    mismatches = check_sampling_settings(ctx.ws.champion, ctx.params)
     model, tokenizer = load_policy(ctx.ws.champion)
     model_version = model_fingerprint(ctx.ws.champion)
     seed = ctx.seed("sample")
@@ -48,4 +49,5 @@ def run(ctx: StageContext) -> dict:
         "tokens_per_s": round(stats.tokens_per_s, 1),
         "samples_per_s": round(stats.samples_per_s, 1),
         "finish_reasons": dict(Counter(s["finish_reason"] for s in samples)),
+        "settings_mismatches": mismatches,
     }

@@ -10,6 +10,7 @@ from closedloop.stages.common import StageContext, StageError
 
 def run(ctx: StageContext) -> dict:
     from closedloop.models.loading import load_policy, model_fingerprint, save_policy
+    from closedloop.models.settings import save_settings
     from closedloop.training.causal_lm import Example, train_causal_lm
 
     report = read_json(ctx.ws.validation_report)
@@ -29,6 +30,7 @@ def run(ctx: StageContext) -> dict:
     staging = ctx.ws.candidate.with_name("candidate.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
+    save_settings(staging, ctx.params.sample)  # the rollouts it learned from were sampled with these
     shutil.rmtree(ctx.ws.candidate, ignore_errors=True)
     staging.rename(ctx.ws.candidate)
     sources = {}

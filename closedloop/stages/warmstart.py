@@ -17,6 +17,7 @@ BUILTIN_PREFIX = "builtin:"
 def run(ctx: StageContext) -> dict:
     from closedloop.evaluation.runner import evaluate_policy
     from closedloop.models.loading import load_policy, save_policy
+    from closedloop.models.settings import save_settings
     from closedloop.training.causal_lm import Example, train_causal_lm
 
     params = ctx.params
@@ -39,6 +40,7 @@ def run(ctx: StageContext) -> dict:
     staging = ctx.ws.warmstart_model.with_name("warmstart.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
+    save_settings(staging, params.sample)
     shutil.rmtree(ctx.ws.warmstart_model, ignore_errors=True)
     staging.rename(ctx.ws.warmstart_model)
 

@@ -149,3 +149,51 @@ def test_unknown_task_in_samples_is_refused(done, tmp_path):
     with pytest.raises(StageError, match="code/train/nope"):
         run_stage("reward", scratch)
     assert ws.rewards.read_bytes() == before  # nothing half-written
+
+
+def _with_params(done, tmp_path, name, **sample):
+    import yaml
+
+    scratch = tmp_path / name
+    shutil.copytree(done.root, scratch)
+    data = yaml.safe_load((scratch / "params.yaml").read_text())
+    data.setdefault("sample", {}).update(sample)
+    (scratch / "params.yaml").write_text(yaml.safe_dump(data))
+    return Workspace.at(scratch)
+
+
+def test_models_carry_the_sampling_settings_of_their_rollouts(done):
+    from closedloop.models.settings import read_settings
+
+    params = load_params(done.root)
+    for model_dir in (done.warmstart_model, done.candidate, done.next_champion):
+        saved = read_settings(model_dir)
+        assert saved["temperature"] == params.sample.temperature and saved["stop"] == params.sample.stop
+
+
+def test_sampling_with_mismatched_settings_fails_naming_the_setting(done, tmp_path):
+    ws = _with_params(done, tmp_path, "mismatch", temperature=0.5)
+    before = ws.samples.read_bytes()
+    with pytest.raises(StageError) as error:
+        run_stage("sample", ws.root)
+    assert "temperature: the model's rollouts used 1.0, requested 0.5" in str(error.value)
+    assert ws.samples.read_bytes() == before  # nothing written
+    with pytest.raises(StageError, match="temperature"):
+        run_stage("evaluate", ws.root)
+
+
+def test_mismatch_can_be_downgraded_to_a_warning(done, tmp_path, capsys):
+    ws = _with_params(done, tmp_path, "warn", temperature=0.5, settings_mismatch="warn")
+    metrics = run_stage("sample", ws.root)
+    assert metrics["settings_mismatches"] and "temperature" in metrics["settings_mismatches"][0]
+    assert "warning" in capsys.readouterr().err
+
+
+def test_training_is_deterministic(done, tmp_path):
+    """The same batch and params give the same candidate, byte for byte."""
+    from closedloop.models.loading import model_fingerprint
+
+    scratch = tmp_path / "again"
+    shutil.copytree(done.root, scratch)
+    run_stage("train", scratch)
+    assert model_fingerprint(Workspace.at(scratch).candidate) == model_fingerprint(done.candidate)

@@ -1,0 +1,65 @@
+"""Training/inference consistency: the sampling settings a model's rollouts used travel with it.
+
+Every model directory the loop writes carries ``closedloop_sampling.json``. Sampling that model with
+other settings is a silent distribution shift (a policy trained on temperature-1.0 rollouts sampled
+greedily, a different stop list, a chat template applied or not), so it fails, or warns where
+params.yaml says ``sample.settings_mismatch: warn``, naming each difference.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SETTINGS_FILE = "closedloop_sampling.json"
+FIELDS = ("temperature", "top_p", "max_new_tokens", "stop", "chat_template")
+
+
+class SettingsMismatch(ValueError):
+    pass
+
+
+def settings_record(settings: Any) -> dict[str, Any]:
+    """The recorded fields of a SamplingSettings; no chat template is applied to prompts (yet)."""
+    return {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_new_tokens": settings.max_new_tokens,
+        "stop": list(settings.stop),
+        "chat_template": None,
+    }
+
+
+def save_settings(model_dir: Path, settings: Any) -> None:
+    path = Path(model_dir) / SETTINGS_FILE
+    path.write_text(json.dumps(settings_record(settings), sort_keys=True, indent=2) + "\n")
+
+
+def read_settings(model_dir: Path) -> dict[str, Any] | None:
+    """None for a model the loop did not write (a user's Hugging Face directory): nothing to compare."""
+    path = Path(model_dir) / SETTINGS_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
+    return [
+        f"{name}: the model's rollouts used {saved.get(name)!r}, requested {requested.get(name)!r}"
+        for name in FIELDS
+        if saved.get(name) != requested.get(name)
+    ]
+
+
+def check_settings(model_dir: Path, settings: Any, on_mismatch: str) -> list[str]:
+    """Compare a model's saved settings with the requested ones; raise on a difference unless
+    ``on_mismatch`` is "warn". Returns the differences (empty when they agree or none were saved)."""
+    saved = read_settings(model_dir)
+    if saved is None:
+        return []
+    found = differences(saved, settings_record(settings))
+    if found and on_mismatch != "warn":
+        raise SettingsMismatch(
+            f"{model_dir}: sampling settings differ from those its training rollouts used "
+            f"(set sample.settings_mismatch: warn in params.yaml to proceed anyway):\n  " + "\n  ".join(found)
+        )
+    return found

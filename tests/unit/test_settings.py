@@ -1,0 +1,42 @@
+"""Sampling settings saved with a model, and the check that names each difference."""
+
+import pytest
+
+from closedloop.config import SampleParams
+from closedloop.models.settings import SettingsMismatch, check_settings, differences, read_settings, save_settings
+
+
+class TestDifferences:
+    @pytest.mark.parametrize(
+        "change, named",
+        [
+            ({"temperature": 0.7}, "temperature: the model's rollouts used 1.0, requested 0.7"),
+            ({"top_p": 0.9}, "top_p"),
+            ({"max_new_tokens": 32}, "max_new_tokens"),
+            ({"stop": ["\n\n"]}, "stop"),
+        ],
+    )
+    def test_each_setting_is_named(self, tmp_path, change, named):
+        save_settings(tmp_path, SampleParams())
+        found = check_settings(tmp_path, SampleParams(**change), "warn")
+        assert len(found) == 1 and found[0].startswith(named)
+
+    def test_error_mode_raises_with_every_difference(self, tmp_path):
+        save_settings(tmp_path, SampleParams())
+        with pytest.raises(SettingsMismatch) as error:
+            check_settings(tmp_path, SampleParams(temperature=0.5, top_p=0.5), "error")
+        assert "temperature" in str(error.value) and "top_p" in str(error.value)
+        assert "settings_mismatch: warn" in str(error.value)
+
+    def test_same_settings_pass(self, tmp_path):
+        save_settings(tmp_path, SampleParams(k=3, batch_size=7))  # k and batch size are not sampling settings
+        assert check_settings(tmp_path, SampleParams(), "error") == []
+
+    def test_a_model_without_saved_settings_is_not_checked(self, tmp_path):
+        assert read_settings(tmp_path) is None
+        assert check_settings(tmp_path, SampleParams(temperature=0.1), "error") == []
+
+    def test_chat_template_is_recorded(self, tmp_path):
+        save_settings(tmp_path, SampleParams())
+        assert read_settings(tmp_path)["chat_template"] is None
+        assert differences({"chat_template": "chatml"}, {"chat_template": None})[0].startswith("chat_template")
