@@ -16,7 +16,7 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
     lines = [f"workspace   {root}", f"tracking    {uri}", f"iteration   {params.loop.iteration} (params.yaml)"]
     champion = tracking.get_alias(name, "champion")
     if champion is None:
-        lines.append(f"champion    none yet (run `closedloop run`)")
+        lines.append("champion    none yet (run `closedloop run`)")
     else:
         tags = tracking.model_version_tags(name, champion)
         lines.append(f"champion    {name} v{champion}  iteration {tags.get('iteration', '?')}  "

@@ -108,9 +108,6 @@ class DvcWorkspace:
             finally:
                 repo.close()
 
-    def reproduce(self, *targets: str, force: bool = False) -> None:
-        self._cli("repro", *(["--force"] if force else []), *targets)
-
     # -- experiments: each iteration saved without a commit on the user's branch ----------------
     def exp_save(self, name: str) -> str:
         """Save the workspace as experiment ``name``; return the experiment's git commit."""
@@ -124,9 +121,6 @@ class DvcWorkspace:
         if not ref:
             raise DvcError(f"dvc exp save did not create experiment {name!r}")
         return ref[0]
-
-    def exp_apply(self, name: str) -> None:
-        self._cli("exp", "apply", name)
 
     def experiments(self) -> list[str]:
         out = _git(self.root, "for-each-ref", "--format=%(refname)", "refs/exps")

@@ -7,7 +7,6 @@ models again. DVC is driven through lineage.dvc and MLflow through lineage.track
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from closedloop import workspace as paths
@@ -213,7 +212,3 @@ def benchmark_rows(ws: Workspace) -> list[dict[str, Any]]:
                          "pass@1": round(figures["pass@1"], 4), "se": round(figures["se"], 4),
                          "tasks": figures["tasks"]})
     return rows
-
-
-def workspace_of(path: Path | str) -> Workspace:
-    return Workspace.at(path)

@@ -72,8 +72,6 @@ def test_registry_versions_carry_lineage_tags_and_aliases_follow_the_gate(looped
 
 
 def test_mlflow_run_has_metrics_datasets_and_plot(looped):
-    import mlflow
-
     root, result = looped
     client, _ = _registry(root)
     run = client.get_run(result["iterations"][0]["run_id"])
