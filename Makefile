@@ -5,14 +5,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ITERATIONS ?= 2
 
-.PHONY: run test install clean
+.PHONY: run test install clean sandbox-deps
 
 ## make run: set up, then warm start + $(ITERATIONS) closed-loop iterations on the built-in policy
-run: $(STAMP)
+run: $(STAMP) sandbox-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/closedloop run --iterations $(ITERATIONS)
 
 ## make test: set up, then the whole test suite
-test: $(STAMP)
+test: $(STAMP) sandbox-deps
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
 
 install: $(STAMP)
@@ -25,6 +25,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# The sandbox jails its workers with bubblewrap. Installed here when missing and we are root (CI, a
+# fresh machine); otherwise the sandbox falls back to the strongest level it can have and says so.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+	  echo "note: bubblewrap not installed; the sandbox will run without namespaces"; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache

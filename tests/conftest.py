@@ -19,7 +19,7 @@ TINY = {
     "envs": {"code": {"benchmark_tasks": 12, "tests_per_task": 4}},
     "generate": {"n_tasks": 8},
     "sample": {"k": 2, "max_new_tokens": 24, "batch_size": 16},
-    "reward": {"workers": 2, "timeout_s": 2.0},
+    "reward": {"workers": 2},
     "warmstart": {"n_references": 16, "steps": 4, "batch_size": 8, "tokenizer_corpus_tasks": 120},
     "train": {"steps": 2, "batch_size": 8},
     "evaluate": {"samples_per_task": 1, "batch_size": 16},

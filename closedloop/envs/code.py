@@ -14,11 +14,13 @@ import hashlib
 import json
 import math
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from closedloop.envs.base import Task, Verdict
 from closedloop.envs.code_tasks import FAMILIES, probe_inputs
 from closedloop.sandbox.child import to_plain
+from closedloop.sandbox.grader import same_value
 from closedloop.sandbox.records import ExecResult, Job
 
 if TYPE_CHECKING:
@@ -39,19 +41,6 @@ def _hash(data: Any) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _REPR_CHARS else text[: _REPR_CHARS - 3] + "..."
-
-
-def same_value(expected: Any, got: Any) -> bool:
-    """Exact-type equality of canonical JSON data; floats (expected) allow 1e-9, bools never equal ints."""
-    if type(expected) is float:
-        return type(got) in (int, float) and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
-    if type(expected) is not type(got):
-        return False
-    if type(expected) is list:
-        return len(expected) == len(got) and all(same_value(e, g) for e, g in zip(expected, got))
-    if type(expected) is dict:
-        return expected.keys() == got.keys() and all(same_value(expected[k], got[k]) for k in expected)
-    return expected == got
 
 
 def behaviour_hash(params: str, function: Any) -> str:
@@ -78,6 +67,9 @@ class CodeEnv:
             raise ValueError(f"code env: split must be one of {SPLITS}, got {split!r}")
         if n < 0:
             raise ValueError(f"code env: n ({n}) must be >= 0")
+        task_file = self.params.benchmark_file if split == "benchmark" else self.params.train_file
+        if task_file:
+            return self._from_file(Path(task_file), n, seed, split)
         rng = random.Random(f"code/{split}/{seed}")
         kinds = list(FAMILIES)
         seen: set[str] = set()  # behaviour hashes: two tasks computing the same function are duplicates
@@ -97,6 +89,17 @@ class CodeEnv:
                     f"after {index} tasks; the space is nearly exhausted, ask for fewer than {n}"
                 )
         return tasks
+
+    @staticmethod
+    def _from_file(path: Path, n: int, seed: int, split: str) -> list[Task]:
+        """A HumanEval-format set: the benchmark takes it whole; training draws ``n`` (cycling) in a seeded order."""
+        from closedloop.envs.humaneval import load_humaneval
+
+        tasks = load_humaneval(path, split)
+        if split == "benchmark":
+            return tasks
+        random.Random(f"code/{split}/{seed}").shuffle(tasks)
+        return [tasks[i % len(tasks)] for i in range(n)]
 
     def _build(self, spec: tuple, split: str) -> tuple[str, Task | None]:
         """(behaviour hash, the task) for ``spec``; the task is None when it belongs to the other split."""
@@ -137,9 +140,17 @@ class CodeEnv:
         """One sandbox job per completion (program = prompt + completion); never raises on bad code."""
         if len(tasks) != len(completions):
             raise ValueError(f"code env: {len(tasks)} tasks but {len(completions)} completions")
-        jobs = [Job(t.prompt + c, t.entry_point, t.checks["calls"]) for t, c in zip(tasks, completions)]
+        jobs = [_job(t, c) for t, c in zip(tasks, completions)]
         results = pool.run(jobs)
         return [_judge(task, result, pool) for task, result in zip(tasks, results)]
+
+
+def _job(task: Task, completion: str) -> Job:
+    if "test" in task.checks:  # a HumanEval-format task: its check(candidate) runs on the trusted side
+        from closedloop.envs.humaneval import job_for
+
+        return job_for(task, completion)
+    return Job(task.prompt + completion, task.entry_point, task.checks["calls"], expected=task.checks["expected"])
 
 
 def _load_trusted(program: str) -> Any:
@@ -154,9 +165,8 @@ def _call_text(task: Task, args: list) -> str:
 
 
 def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
-    calls, expected = task.checks["calls"], task.checks["expected"]
-    total = len(calls)
     timing = {"wall_s": result.wall_s}
+    total = len(task.checks["calls"]) if "calls" in task.checks else None  # a test program counts its own
     if result.status == "infra_error":
         # Says nothing about the completion: no reward components, no step signals to learn from.
         return Verdict(
@@ -167,8 +177,8 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
             status="infra_error",
             timing=timing,
         )
-    if result.status != "ok":
-        parses = result.status != "syntax_error"
+    if result.status not in ("passed", "failed"):
+        parses = bool(result.steps.get("parses"))
         status, feedback = _failure(result, pool)
         return Verdict(
             components={"syntax": float(parses), "runs": 0.0, "tests_passed": 0.0},
@@ -178,9 +188,13 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
             status=status,
             timing=timing,
         )
+    if "test" in task.checks:
+        return _judge_test_program(result, timing)
+    calls, expected = task.checks["calls"], task.checks["expected"]
+    # The sandbox's trusted grader judged each call; the feedback names the first failing one.
     passed_count, raised, first_failure = 0, False, ""
     for args, want, outcome in zip(calls, expected, result.outputs):
-        if outcome.ok and same_value(want, outcome.value):
+        if outcome.passed:
             passed_count += 1
             continue
         raised = raised or not outcome.ok
@@ -189,7 +203,7 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
                 first_failure = f"{_call_text(task, args)} returned {_short(outcome.value)}, expected {_short(want)}"
             else:
                 first_failure = f"{_call_text(task, args)} raised {outcome.error}"
-    passed = passed_count == total
+    passed = result.status == "passed"
     status = "passed" if passed else ("runtime_error" if raised else "failed")
     return Verdict(
         components={"syntax": 1.0, "runs": 0.0 if raised else 1.0, "tests_passed": passed_count / total if total else 0.0},
@@ -201,9 +215,24 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
     )
 
 
+def _judge_test_program(result: ExecResult, timing: dict[str, float]) -> Verdict:
+    steps = result.steps
+    total = steps["tests_total"] or 0
+    fraction = steps["tests_passed"] / total if total else 0.0
+    passed = result.status == "passed"
+    return Verdict(
+        components={"syntax": 1.0, "runs": 1.0 if steps["runs"] else 0.0, "tests_passed": fraction},
+        steps={"parses": True, "runs": bool(steps["runs"]), "tests_passed": steps["tests_passed"], "tests_total": total},
+        passed=passed,
+        feedback=f"passed all {total} tests" if passed else result.error,
+        status="passed" if passed else ("runtime_error" if not steps["runs"] else "failed"),
+        timing=timing,
+    )
+
+
 def _failure(result: ExecResult, pool: SandboxPool) -> tuple[str, str]:
     """(verdict status, feedback) for a job that did not run to completion."""
-    if result.status == "syntax_error":
+    if result.status == "error" and not result.steps.get("parses"):
         return "syntax_error", result.error
     if result.status == "timeout":
         return "timeout", f"timed out after {pool.limits.timeout_s}s"
@@ -211,4 +240,4 @@ def _failure(result: ExecResult, pool: SandboxPool) -> tuple[str, str]:
         return "memory", f"exceeded the memory limit ({pool.limits.memory_mb} MB)"
     if result.status == "output_limit":
         return "runtime_error", f"printed or returned more than {pool.limits.max_output_bytes} bytes"
-    return "runtime_error", result.error  # load_error (an exception at load) or killed (exited early)
+    return "runtime_error", result.error  # error (an exception at load) or killed (exited early)

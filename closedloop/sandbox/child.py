@@ -4,8 +4,14 @@ Stdlib only, and no side effects at import: worker.py loads this file by path (t
 must not find closedloop on sys.path), and the trusted side imports ``to_plain`` from it so both
 sides agree on what a plain value is.
 
-The child reports over the result pipe (fd 3) in lines: "ready" once its limits are set (before any
-program code runs), "loaded" once the program is loaded, then one JSON result line.
+The child reports over the result pipe (fd 3) in lines: "ready" once it is confined (before any
+program code runs), "loaded" once the program is loaded, then either one JSON result line holding
+every call's outcome (batch jobs), or one line per call it reads from the call pipe (fd 4, for
+interactive jobs whose calls the trusted grader makes one at a time) and a final line at its EOF.
+
+Values cross the boundary in the codec below: JSON in which tuples, dicts, sets and non-finite floats
+are tagged, built only from exact builtin types, so the trusted side rebuilds plain values and never
+runs anything of the program's (no subclass, no custom ``__eq__``).
 """
 
 import builtins
@@ -14,11 +20,11 @@ import math
 import os
 import random
 import re
-import resource
 import signal
 import sys
 
 RESULT_FD = 3  # the child's end of the result pipe, moved here so every other fd can be closed
+CALL_FD = 4  # interactive jobs: the calls arrive here, one JSON line each
 MAX_DEPTH = 100  # nesting allowed in returned values; deeper (or cyclic) values fail the call
 ERROR_CHARS = 500  # cap on one error message
 _MEMORY_LINE = b'{"status":"memory","error":"MemoryError","outputs":[]}\n'
@@ -57,6 +63,61 @@ def to_plain(value, depth=0):
     raise TypeError(f"returned non-plain value of type {kind.__name__}")
 
 
+def encode(value, depth=0):
+    """``value`` in the tagged codec; exact builtin types only (a subclass of int is not an int)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"returned value nested deeper than {MAX_DEPTH} levels")
+    if kind is list:
+        return [encode(item, depth + 1) for item in value]
+    if kind is tuple:
+        return {"tuple": [encode(item, depth + 1) for item in value]}
+    if kind is dict:
+        return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in dict.items(value)]}
+    if kind is set or kind is frozenset:
+        # Sorted by their JSON text, so the same set encodes the same way in every process.
+        items = sorted((encode(item, depth + 1) for item in value), key=lambda e: json.dumps(e, sort_keys=True))
+        return {kind.__name__: items}
+    raise TypeError(f"returned non-plain value of type {kind.__name__}")
+
+
+_SCALARS = (bool, int, str, float)
+
+
+def decode(data):
+    """The value ``encode`` produced ``data`` from; ValueError on anything it could not have produced."""
+    kind = type(data)
+    if data is None or kind in _SCALARS:
+        return data
+    if kind is list:
+        return [decode(item) for item in data]
+    if kind is dict and len(data) == 1:
+        ((tag, body),) = data.items()
+        try:
+            if tag == "tuple" and type(body) is list:
+                return tuple(decode(item) for item in body)
+            if tag == "dict" and type(body) is list:
+                return {decode(pair[0]): decode(pair[1]) for pair in body if _is_pair(pair)}
+            if tag in ("set", "frozenset") and type(body) is list:
+                items = (decode(item) for item in body)
+                return set(items) if tag == "set" else frozenset(items)
+            if tag == "float" and body in ("nan", "inf", "-inf"):
+                return float(body)
+        except TypeError as error:  # an unhashable key or set member
+            raise ValueError(f"malformed encoded value: {error}") from None
+    raise ValueError(f"malformed encoded value of type {kind.__name__}")
+
+
+def _is_pair(pair):
+    if type(pair) is not list or len(pair) != 2:
+        raise ValueError("malformed encoded dict entry")
+    return True
+
+
 def describe(exc):
     """"TypeError: message" for any exception, robust to hostile __str__ implementations."""
     try:
@@ -75,53 +136,89 @@ def describe(exc):
 # The job process (run_program also runs once in the worker, to warm it up)
 
 
-def _set_limit(which, soft, hard=None):
-    _, current_hard = resource.getrlimit(which)
-    hard = soft if hard is None else hard
-    if current_hard != resource.RLIM_INFINITY:
-        # An unprivileged process may lower its hard limit but never raise it.
-        soft, hard = min(soft, current_hard), min(hard, current_hard)
-    resource.setrlimit(which, (soft, hard))
+def _dumps(value):
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
 
 
-def run_program(request, emit):
-    """Compile, load and call; returns the final result line (bytes). Runs under the rlimits."""
-    dumps = json.dumps  # bound before the program runs, so rebinding json.dumps has no effect here
-    limits = request["limits"]
+def _outcome(function, args):
+    """One call as its result line: [true, value, ""] or [false, null, "Error: message"]."""
+    try:
+        return '[true,' + _dumps(encode(function(*args))) + ',""]'
+    except MemoryError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit inside the function fails that call
+        return _dumps([False, None, describe(exc)])
+
+
+def load_program(request, emit):
+    """Compile and load the program; returns (entry point, None) or (None, final result line)."""
     try:
         code = compile(request["program"], "<program>", "exec", dont_inherit=True)
     except MemoryError:
-        return _MEMORY_LINE
+        return None, _MEMORY_LINE
     except BaseException as exc:  # noqa: BLE001 - SyntaxError, but also null bytes or too deep nesting
-        return dumps({"status": "syntax_error", "error": describe(exc), "outputs": []}).encode() + b"\n"
+        return None, _dumps({"status": "syntax_error", "error": describe(exc), "outputs": []}).encode() + b"\n"
     namespace = {"__name__": "__program__", "__builtins__": builtins}
     try:
         exec(code, namespace)
     except MemoryError:
-        return _MEMORY_LINE
+        return None, _MEMORY_LINE
     except BaseException as exc:  # noqa: BLE001 - SystemExit at top level is a load error too
-        return dumps({"status": "load_error", "error": describe(exc), "outputs": []}).encode() + b"\n"
+        return None, _dumps({"status": "load_error", "error": describe(exc), "outputs": []}).encode() + b"\n"
     entry = request["entry_point"]
     function = namespace.get(entry)
     if function is None or not callable(function):
         what = "is not defined" if function is None else "is not callable"
         error = f"NameError: entry point {entry!r} {what}"
-        return dumps({"status": "load_error", "error": error, "outputs": []}).encode() + b"\n"
+        return None, _dumps({"status": "load_error", "error": error, "outputs": []}).encode() + b"\n"
     emit(b"loaded\n")
-    parts = []
-    for args in request["calls"]:
+    return function, None
+
+
+def run_program(request, emit):
+    """Batch jobs: load, make every call, return the final result line (bytes)."""
+    function, failure = load_program(request, emit)
+    if function is None:
+        return failure
+    try:
+        parts = [_outcome(function, decode(args)) for args in request["calls"]]
+    except MemoryError:
+        return _MEMORY_LINE
+    line = ('{"status":"ok","error":"","outputs":[' + ",".join(parts) + "]}\n").encode()
+    if len(line) > request["limits"]["max_output_bytes"]:
+        error = f"returned values exceed {request['limits']['max_output_bytes']} bytes of JSON"
+        return _dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
+    return line
+
+
+def _call_lines(fd):
+    """The lines arriving on ``fd`` until EOF."""
+    pending = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from lines
+
+
+def run_interactive(request, emit):
+    """Interactive jobs: load, then answer each call line on CALL_FD until EOF; returns the final line."""
+    function, failure = load_program(request, emit)
+    if function is None:
+        return failure
+    cap = request["limits"]["max_output_bytes"]
+    for line in _call_lines(CALL_FD):
         try:
-            encoded = dumps(to_plain(function(*args)), allow_nan=False, separators=(",", ":"))
-            parts.append('[true,' + encoded + ',""]')
+            reply = _outcome(function, decode(json.loads(line)))
         except MemoryError:
             return _MEMORY_LINE
-        except BaseException as exc:  # noqa: BLE001 - SystemExit inside the function fails that call
-            parts.append(dumps([False, None, describe(exc)]))
-    line = ('{"status":"ok","error":"","outputs":[' + ",".join(parts) + "]}\n").encode()
-    if len(line) > limits["max_output_bytes"]:
-        error = f"returned values exceed {limits['max_output_bytes']} bytes of JSON"
-        return dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
-    return line
+        if len(reply) > cap:
+            error = f"returned values exceed {cap} bytes of JSON"
+            return _dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
+        emit(reply.encode() + b"\n")
+    return b'{"status":"ok","error":"","outputs":[]}\n'
 
 
 def write_all(fd, data):
@@ -130,34 +227,39 @@ def write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
-def run_child(request, result_w, out_fd, err_fd, workdir):
-    """The forked job process: isolate, limit, run, report, and always end in os._exit."""
+def _place_files(files):
+    for relative, text in files.items():
+        folder = os.path.dirname(relative)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(relative, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
+def run_child(request, fds, workdir, jail, measures):
+    """The forked job process: confine, run, report, and always end in os._exit.
+
+    ``fds`` maps the child's fd numbers (0-4) to the worker's: stdin, stdout, stderr, result, calls.
+    """
     try:
         os.setsid()  # own session and process group: the worker kills the whole group at the end
         os.chdir(workdir)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        os.dup2(result_w, RESULT_FD)
-        os.closerange(RESULT_FD + 1, 1 << 16)  # the worker's protocol pipes above all
+        for target, source in sorted(fds.items()):
+            os.dup2(source, target)
+        os.closerange(max(fds) + 1, 1 << 16)  # the worker's protocol pipes above all
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; we want the kill
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the worker ignores it
         # `random` is imported by the worker already; a fixed seed keeps programs that use it
         # deterministic, as PYTHONHASHSEED=0 does for set and dict iteration order.
         random.seed(0)
         limits = request["limits"]
-        cpu = int(math.ceil(limits["timeout_s"])) + 1
-        _set_limit(resource.RLIMIT_CPU, cpu, cpu + 1)
-        _set_limit(resource.RLIMIT_FSIZE, limits["max_output_bytes"])
-        _set_limit(resource.RLIMIT_NOFILE, 64)
-        _set_limit(resource.RLIMIT_CORE, 0)
-        _set_limit(resource.RLIMIT_AS, limits["memory_mb"] << 20)
-        out = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        err = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stdin, sys.stdout, sys.stderr = open(0, closefd=False), out, err
+        jail.confine(measures, limits, request.get("allow_exec", False))
+        _place_files(request.get("files") or {})
+        sys.stdin, sys.stdout, sys.stderr = _streams or _make_streams()
+        out, err = sys.stdout, sys.stderr
         write_all(RESULT_FD, b"ready\n")
-        line = run_program(request, lambda data: write_all(RESULT_FD, data))
+        emit = lambda data: write_all(RESULT_FD, data)  # noqa: E731
+        line = run_interactive(request, emit) if request.get("interactive") else run_program(request, emit)
         # Flush before reporting: output over the cap raises SIGXFSZ here, and the worker maps
         # that signal to output_limit instead of trusting a result written before it.
         out.flush()
@@ -174,12 +276,25 @@ def run_child(request, result_w, out_fd, err_fd, workdir):
         os._exit(0)
 
 
+_streams = None
+
+
+def _make_streams():
+    """Text streams on fds 0, 1 and 2, whatever those fds will point to (~0.5 ms to create)."""
+    return (open(0, encoding="utf-8", closefd=False),
+            open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
+            open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False))
+
+
 def warm_up():
     """Run the child's code path once in the worker itself.
 
     The first compile() in a process initialises parser state (~2 ms, measured); done here, every
-    forked child inherits it instead of paying it again on copy-on-write pages.
+    forked child inherits it instead of paying it again on copy-on-write pages. The job's text
+    streams are made here too: they refer to fd numbers, which the child points at its own files.
     """
+    global _streams
+    _streams = _make_streams()
     program = "def f(x):\n    return [x, (x,), {'k': 1.5}, str(x)]\n"
     request = {"program": program, "entry_point": "f", "calls": [[1], ["a"]], "limits": {"max_output_bytes": 65536}}
     run_program(request, lambda data: None)

@@ -1,19 +1,23 @@
-"""SandboxPool: run untrusted, model-written programs in long-lived worker processes.
+"""SandboxPool: run untrusted, model-written programs in long-lived, jailed fork servers.
 
-Each worker is a fresh small interpreter (worker.py, stdlib only) that forks one child per job, so
-the cost of a job does not depend on what the caller has loaded (torch makes each fork ~25 ms; a
-small worker ~1.5 ms). The pool talks to workers over pipes with length-prefixed JSON frames and
-multiplexes them with a selector from the calling thread: no threads, no multiprocessing.
+Each worker is a fresh small interpreter (worker.py, stdlib only, with the allowed libraries
+preloaded) started inside bubblewrap where this machine allows it (isolation.py); it forks one
+confined child per job, so the cost of a job does not depend on what the caller has loaded (torch
+makes each fork ~25 ms; a small worker ~1 ms). One thread per worker drives it over pipes with
+length-prefixed JSON frames; the trusted grading (expected values, HumanEval-style test programs)
+runs in those threads, on this side of the boundary.
 
-Why outputs are empty unless status is "ok": after a timeout the number of calls that finished
+Why outputs are empty unless every call ran: after a timeout the number of calls that finished
 depends on machine load, and results must be deterministic for the same job.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import selectors
+import queue
+import random
 import shutil
 import struct
 import subprocess
@@ -21,72 +25,100 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from closedloop.sandbox.records import ISOLATION, STATUSES, CallOutcome, ExecResult, Job, Limits, infra_error
-WORKER_SCRIPT = Path(__file__).with_name("worker.py")
+from closedloop.sandbox import isolation
+from closedloop.sandbox.child import decode, encode
+from closedloop.sandbox.grader import CandidateError, JobOver, TestProgram, TestVerdict, same_value
+from closedloop.sandbox.records import ISOLATION_MODES, CallOutcome, ExecResult, Job, Limits, infra_error
+
 _HEADER = struct.Struct(">I")
 # A worker that has not answered this long after a job's own wall-clock limit is presumed hung.
 _GRACE_S = 10.0
+_START_TIMEOUT_S = 30.0
+# Imported once by every worker, so jobs that import them pay nothing (all stdlib).
+DEFAULT_PRELOAD = (
+    "bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools",
+    "hashlib", "heapq", "itertools", "json", "math", "operator", "random", "re", "statistics", "string", "typing",
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The isolation asked for cannot be provided on this machine."""
+
+
+class _Lost(Exception):
+    """The worker died, hung or broke protocol: an infrastructure failure, not the job's."""
 
 
 def _worker_env() -> dict[str, str]:
     # An explicit, minimal environment: nothing of the caller's (tokens, PYTHON* settings) reaches the
     # sandboxed program, and a fixed hash seed makes set/dict-of-str iteration order reproducible.
-    return {
-        "PATH": os.defpath,
-        "PYTHONHASHSEED": "0",
-        "PYTHONUTF8": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "TMPDIR": tempfile.gettempdir(),
-    }
+    return {"PATH": os.defpath, "PYTHONHASHSEED": "0", "PYTHONUTF8": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "TMPDIR": "/tmp", "HOME": "/tmp", "LANG": "C.UTF-8"}
 
 
 class _Worker:
-    """One worker process and the job it is running (an index into the current run's jobs)."""
+    """One worker process, started and greeted."""
 
-    def __init__(self, scratch: Path) -> None:
+    def __init__(self, argv: list[str], scratch: Path) -> None:
         self.scratch = scratch
         scratch.mkdir(parents=True, exist_ok=True)
-        # -s -S: no site-packages (the worker and the programs get the stdlib only); -B: no .pyc.
-        # Not -I: it would ignore PYTHONHASHSEED, which determinism needs.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-s", "-S", "-B", str(WORKER_SCRIPT), str(scratch)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=_worker_env(),
-            cwd=str(scratch),
-            close_fds=True,
-            bufsize=0,
-        )
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_worker_env(),
+                                     cwd=str(scratch), close_fds=True, bufsize=0)
         self.out_fd = self.proc.stdout.fileno()
         self.inbox = bytearray()
-        self.job: int | None = None
-        self.deadline = float("inf")
+        self.jobs_run = 0
+        try:
+            hello = self.receive(_START_TIMEOUT_S)["hello"]
+        except (_Lost, KeyError, TypeError) as error:
+            self.stop(kill=True)
+            raise SandboxUnavailable(f"a sandbox worker failed to start ({error})") from None
+        self.measures: list[str] = hello["measures"]
+        self.preloaded: list[str] = hello["preloaded"]
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def send(self, message: dict[str, Any]) -> None:
+        payload = json.dumps(message).encode()  # ASCII escapes carry any str, lone surrogates included
+        frame = memoryview(_HEADER.pack(len(payload)) + payload)
+        try:
+            while frame:
+                frame = frame[os.write(self.proc.stdin.fileno(), frame):]
+        except OSError as error:
+            raise _Lost(f"worker pipe closed ({error})") from None
 
-    def send(self, frame: bytes) -> None:
-        fd = self.proc.stdin.fileno()
-        view = memoryview(frame)
-        while view:
-            view = view[os.write(fd, view):]
+    def receive(self, timeout: float) -> dict[str, Any]:
+        import select
 
-    def take_reply(self) -> dict[str, Any] | None:
-        """A complete reply frame from the inbox, if one has arrived."""
-        if len(self.inbox) < _HEADER.size:
-            return None
-        size = _HEADER.unpack_from(self.inbox)[0]
-        if len(self.inbox) < _HEADER.size + size:
-            return None
-        body = bytes(self.inbox[_HEADER.size : _HEADER.size + size])
-        del self.inbox[: _HEADER.size + size]
-        return json.loads(body)
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self.inbox) >= _HEADER.size:
+                size = _HEADER.unpack_from(self.inbox)[0]
+                if len(self.inbox) >= _HEADER.size + size:
+                    body = bytes(self.inbox[_HEADER.size:_HEADER.size + size])
+                    del self.inbox[:_HEADER.size + size]
+                    try:
+                        message = json.loads(body)
+                    except ValueError:
+                        raise _Lost("worker sent a malformed frame") from None
+                    if type(message) is not dict:
+                        raise _Lost("worker sent a malformed frame")
+                    return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.out_fd], [], [], remaining)[0]:
+                raise _Lost(f"worker did not answer within {timeout:.1f}s")
+            try:
+                chunk = os.read(self.out_fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise _Lost(f"worker exited (code {self.proc.poll()})")
+            self.inbox += chunk
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, kill: bool = False, timeout: float = 2.0) -> None:
+        if kill:
+            self.proc.kill()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()  # EOF on stdin is the worker's signal to exit
@@ -100,28 +132,101 @@ class _Worker:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-class SandboxPool:
-    """Run jobs in sandboxed processes; results come back in job order and never raise on bad code.
+class _Candidate:
+    """``candidate`` for a trusted test program: each call is a round trip to the job process."""
 
-    Use as a context manager (or call ``close``). ``run`` is not re-entrant: calls from several
-    threads are serialised.
+    def __init__(self, worker: _Worker, timeout: float) -> None:
+        self.worker, self.timeout = worker, timeout
+        self.calls = self.raised = 0
+        self.ended = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.ended:
+            raise JobOver
+        if kwargs:
+            raise TypeError("candidate: keyword arguments cannot cross the sandbox boundary")
+        try:
+            encoded = encode(list(args))
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"candidate: arguments must be plain data ({error})") from None
+        self.worker.send({"call": encoded})
+        reply = self.worker.receive(self.timeout)
+        if "outcome" not in reply:
+            self.ended = True
+            raise JobOver
+        ok, value, error = reply["outcome"]
+        self.calls += 1
+        if not ok:
+            self.raised += 1
+            raise CandidateError(str(error))
+        try:
+            return decode(value)
+        except (ValueError, RecursionError):
+            self.raised += 1
+            raise CandidateError("the call returned a malformed value") from None
+
+
+def job_seed(job: Job) -> int:
+    """A per-job seed for shuffling test order: fixed for the same job, so verdicts are repeatable."""
+    digest = hashlib.sha256(json.dumps([job.program, job.calls, job.test], default=repr).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+class SandboxPool:
+    """Run jobs in jailed processes; results come back in job order and never raise on bad code.
+
+    Use as a context manager (or call ``close``). Calls to ``run`` from several threads are serialised.
+
+    ``isolation``: "auto" takes the strongest level this machine allows and says once on stderr if that
+    is below bubblewrap + uid + seccomp; "bwrap" refuses to start without bubblewrap; "fork" skips it.
     """
 
-    def __init__(self, workers: int = 0, limits: Limits = Limits()) -> None:
+    def __init__(self, workers: int = 0, limits: Limits = Limits(), isolation: str = "auto",
+                 preload: tuple[str, ...] = DEFAULT_PRELOAD, recycle_after: int = 5000) -> None:
         if workers < 0:
             raise ValueError(f"SandboxPool workers ({workers}) must be >= 0 (0 means one per core)")
+        if isolation not in ISOLATION_MODES:
+            raise ValueError(f"SandboxPool isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
         self.limits = limits
         self.size = workers or os.cpu_count() or 1
+        self.recycle_after = recycle_after
         self.restarts = 0  # workers replaced after dying or hanging, over the pool's life
+        self._use_bwrap = self._choose_bwrap(isolation)
+        self._config = json.dumps({"measures": ["uid", "seccomp"], "preload": list(preload)})
         self._root = Path(tempfile.mkdtemp(prefix="closedloop-sandbox-"))
         self._lock = threading.Lock()
         self._spawned = 0
+        self._tests: dict[tuple[str, str], TestProgram] = {}
+        self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers: list[_Worker] = []
+        self._executor: ThreadPoolExecutor | None = None
         try:
             self._workers = [self._spawn() for _ in range(self.size)]
         except BaseException:
             self.close()
             raise
+        for worker in self._workers:
+            self._idle.put(worker)
+        measures = self._workers[0].measures
+        self.isolation = "+".join((["bwrap"] if self._use_bwrap else ["fork"]) + measures + ["rlimits"])
+        missing = [m for m in ("uid", "seccomp") if m not in measures]
+        if missing:
+            isolation_note = "; ".join(
+                {"uid": "jobs keep the pool's uid (dropping to an unprivileged uid needs root)",
+                 "seccomp": "no seccomp filter (only x86_64 Linux is supported)"}[m] for m in missing)
+            isolation.warn_once(f"isolation is {self.isolation}: {isolation_note}")
+        self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="sandbox")
+
+    @staticmethod
+    def _choose_bwrap(mode: str) -> bool:
+        if mode == "fork":
+            return False
+        works, why = isolation.bwrap_works()
+        if not works and mode == "bwrap":
+            raise SandboxUnavailable(f"isolation 'bwrap' was asked for, but {why}")
+        if not works:
+            isolation.warn_once(f"{why}; jobs run without namespaces (install bubblewrap for full isolation)")
+        return works
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -132,6 +237,9 @@ class SandboxPool:
         self.close()
 
     def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         workers, self._workers = self._workers, []
         for worker in workers:
             worker.stop()
@@ -144,145 +252,176 @@ class SandboxPool:
             pass
 
     def worker_pids(self) -> list[int]:
-        return [worker.pid for worker in self._workers]
+        return [worker.proc.pid for worker in self._workers]
 
     def _spawn(self) -> _Worker:
         self._spawned += 1
-        return _Worker(self._root / f"w{self._spawned}")
+        scratch = self._root / f"w{self._spawned}"
+        return _Worker(isolation.worker_argv(self._use_bwrap, self.limits.disk_mb, scratch, self._config), scratch)
 
-    def _replace(self, worker: _Worker, selector: selectors.BaseSelector | None) -> _Worker:
-        """Kill ``worker`` (dead, hung, or holding a reply nobody will read) and put a fresh one in its slot."""
-        if selector is not None:
-            try:
-                selector.unregister(worker.out_fd)
-            except (KeyError, ValueError):
-                pass
-        worker.proc.kill()
-        worker.stop()
+    def _replace(self, worker: _Worker) -> _Worker:
+        """Kill ``worker`` (dead, hung, spent) and put a fresh one in its slot."""
+        worker.stop(kill=True)
         fresh = self._spawn()
-        self._workers[self._workers.index(worker)] = fresh
-        if selector is not None:
-            selector.register(fresh.out_fd, selectors.EVENT_READ, fresh)
-        self.restarts += 1
+        with self._lock:
+            self._workers[self._workers.index(worker)] = fresh
         return fresh
 
     # -- running jobs ----------------------------------------------------------------------------
 
-    def _frame(self, index: int, job: Job) -> bytes:
-        limits = {
-            "timeout_s": self.limits.timeout_s,
-            "memory_mb": self.limits.memory_mb,
-            "max_output_bytes": self.limits.max_output_bytes,
-        }
-        request = {"program": job.program, "entry_point": job.entry_point, "calls": job.calls, "limits": limits}
-        try:
-            payload = json.dumps(request).encode()  # ASCII escapes carry any str, lone surrogates included
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"job {index}: calls must be plain JSON data ({error})") from None
-        return _HEADER.pack(len(payload)) + payload
-
-    def _result(self, reply: dict[str, Any]) -> ExecResult:
-        status = reply.get("status")
-        if status not in STATUSES:
-            return infra_error(f"worker replied with unknown status {status!r}", ISOLATION)
-        outputs = [CallOutcome(bool(ok), value if ok else None, error) for ok, value, error in reply["outputs"]]
-        return ExecResult(
-            status=status,
-            outputs=outputs,
-            error=reply["error"],
-            stdout=reply["stdout"],
-            stderr=reply["stderr"],
-            exit_code=reply["exit_code"],
-            wall_s=reply["wall_s"],
-            isolation=ISOLATION,
-        )
-
     def run(self, jobs: list[Job], progress: bool = False) -> list[ExecResult]:
-        """Run every job once (retrying once on a worker crash); one result per job, in job order."""
-        if not self._workers:
+        """Run every job (retrying once on a worker failure); one result per job, in job order."""
+        if self._executor is None:
             raise RuntimeError("SandboxPool is closed")
-        frames = [self._frame(i, job) for i, job in enumerate(jobs)]
-        with self._lock:
-            return self._run(frames, progress)
-
-    def _run(self, frames: list[bytes], progress: bool) -> list[ExecResult]:
-        results: list[ExecResult | None] = [None] * len(frames)
-        attempts = [0] * len(frames)
-        queue = list(range(len(frames)))[::-1]  # a stack: pop() takes the next job in order
-        done = 0
-        report = _Progress(len(frames)) if progress else None
-        selector = selectors.DefaultSelector()
-        for worker in self._workers:
-            selector.register(worker.out_fd, selectors.EVENT_READ, worker)
-
-        def dispatch(worker: _Worker) -> None:
-            # Loops because a worker found dead on send is replaced and the job handed to the fresh one.
-            while queue and worker.job is None:
-                index = queue.pop()
-                worker.job = index
-                worker.deadline = time.monotonic() + self.limits.timeout_s + _GRACE_S
-                try:
-                    worker.send(frames[index])
-                except OSError:
-                    worker = failed(worker)
-
-        def failed(worker: _Worker) -> _Worker:
-            nonlocal done
-            index = worker.job
-            fresh = self._replace(worker, selector)
-            if index is not None:
-                attempts[index] += 1
-                if attempts[index] < 2:
-                    queue.append(index)  # retry it next, on whichever worker is free first
-                else:
-                    results[index] = infra_error("sandbox worker died twice while running this job", ISOLATION)
-                    done += 1
-                    if report:
-                        report.update(done)
-            return fresh
-
+        requests = [self._request(i, job) for i, job in enumerate(jobs)]
+        report = _Progress(len(jobs)) if progress else None
+        cancelled = threading.Event()
+        futures = [self._executor.submit(self._execute, job, request, cancelled) for job, request in zip(jobs, requests)]
+        results = []
         try:
-            for worker in list(self._workers):
-                dispatch(worker)
-            while done < len(frames):
-                soonest = min(w.deadline for w in self._workers)
-                timeout = max(0.0, soonest - time.monotonic()) if soonest != float("inf") else None
-                for key, _ in selector.select(timeout):
-                    worker = key.data
-                    try:
-                        chunk = os.read(worker.out_fd, 1 << 16)
-                    except OSError:
-                        chunk = b""
-                    if not chunk:
-                        dispatch(failed(worker))
-                        continue
-                    worker.inbox += chunk
-                    reply = worker.take_reply()
-                    if reply is not None and worker.job is not None:
-                        results[worker.job] = self._result(reply)
-                        done += 1
-                        worker.job, worker.deadline = None, float("inf")
-                        if report:
-                            report.update(done)
-                        dispatch(worker)
-                now = time.monotonic()
-                for worker in list(self._workers):
-                    if worker.job is not None and worker.deadline <= now:
-                        dispatch(failed(worker))  # hung: kill it, retry the job once
-                # A job can be requeued while every other worker is idle; hand it out.
-                for worker in list(self._workers):
-                    dispatch(worker)
+            for future in futures:
+                results.append(future.result())
+                if report:
+                    report.update(len(results))
+        except BaseException:
+            cancelled.set()  # e.g. KeyboardInterrupt: the threads finish their current job and stop
+            for future in futures:
+                future.cancel()
+            raise
         finally:
-            selector.close()
             if report:
                 report.finish()
-            # Only when interrupted (e.g. KeyboardInterrupt): a worker still busy would later hand
-            # its stale reply to the next run, so replace it.
-            for worker in list(self._workers):
-                if worker.job is not None:
-                    self._replace(worker, None)
-        assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]
+        return results
+
+    def _request(self, index: int, job: Job) -> tuple[dict[str, Any], list[int]]:
+        """The wire request for ``job`` and the order its calls are sent in (shuffled per job)."""
+        order = list(range(len(job.calls)))
+        random.Random(job_seed(job)).shuffle(order)
+        try:
+            calls = [encode(list(job.calls[i])) for i in order]
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"job {index}: calls must be plain data ({error})") from None
+        limits = dict((job.limits or self.limits).to_wire())
+        request = {"program": job.program, "entry_point": job.entry_point, "calls": calls, "limits": limits,
+                   "files": job.files, "allow_exec": limits.pop("allow_exec"), "interactive": job.test is not None}
+        return request, order
+
+    def _execute(self, job: Job, request: tuple[dict[str, Any], list[int]], cancelled: threading.Event) -> ExecResult:
+        if cancelled.is_set():
+            return infra_error("cancelled", self.isolation)
+        worker = self._idle.get()
+        try:
+            failure = ""
+            for _attempt in range(2):
+                try:
+                    result = self._attempt(worker, job, *request)
+                except _Lost as error:
+                    failure = str(error)
+                    worker = self._replace(worker)
+                    self.restarts += 1
+                    continue
+                if result.status != "infra_error":
+                    break
+                failure = result.error
+            else:
+                return infra_error(f"the sandbox failed twice on this job: {failure}", self.isolation)
+            worker.jobs_run += 1
+            if worker.jobs_run >= self.recycle_after:
+                worker = self._replace(worker)  # recycled: nothing a long life accumulates survives
+            return result
+        finally:
+            self._idle.put(worker)
+
+    def _attempt(self, worker: _Worker, job: Job, request: dict[str, Any], order: list[int]) -> ExecResult:
+        timeout = request["limits"]["timeout_s"] + _GRACE_S
+        worker.send(request)
+        verdict = candidate = None
+        if job.test is not None:
+            loaded = worker.receive(timeout).get("loaded")
+            if loaded:
+                candidate = _Candidate(worker, timeout)
+                try:
+                    verdict = self._test_program(job).run(candidate, job_seed(job), job.entry_point)
+                except JobOver:
+                    verdict = None
+            worker.send({"end": True})
+        reply = worker.receive(timeout)
+        if "status" not in reply:
+            raise _Lost("worker broke protocol")
+        return self._result(job, reply, order, verdict, candidate)
+
+    def _test_program(self, job: Job) -> TestProgram:
+        key = (job.prelude, job.test or "")
+        if key not in self._tests:
+            self._tests[key] = TestProgram(job.prelude, job.test or "")
+        return self._tests[key]
+
+    def _result(self, job: Job, reply: dict[str, Any], order: list[int], verdict: TestVerdict | None,
+                candidate: _Candidate | None) -> ExecResult:
+        raw, error = reply["status"], reply["error"]
+        steps: dict[str, Any] = {"parses": raw != "syntax_error", "loads": raw not in ("syntax_error", "load_error"),
+                                 "runs": False, "tests_passed": 0, "tests_total": len(job.calls)}
+        outputs: list[CallOutcome] = []
+        if raw in ("syntax_error", "load_error"):
+            status = "error"
+        elif raw == "infra_error":
+            return infra_error(error, self.isolation)
+        elif raw != "ok":
+            status = raw
+        elif job.test is not None:
+            status, error = self._judge_test(verdict, candidate, steps)
+        else:
+            status, error, outputs = self._judge_calls(job, reply["outputs"], order, steps)
+        return ExecResult(
+            status=status, outputs=outputs, error=error, stdout=reply["stdout"], stderr=reply["stderr"],
+            exit_code=reply["exit_code"], wall_s=reply["wall_s"], cpu_s=reply["cpu_s"],
+            peak_memory_kb=reply["peak_memory_kb"], isolation=self.isolation, steps=steps,
+        )
+
+    @staticmethod
+    def _judge_test(verdict: TestVerdict | None, candidate: _Candidate | None, steps: dict[str, Any]) -> tuple[str, str]:
+        assert verdict is not None and candidate is not None
+        steps.update(runs=candidate.raised == 0, tests_passed=verdict.passed, tests_total=verdict.total)
+        # Passing takes positive evidence: asserts that held on values the program returned.
+        if verdict.completed and candidate.calls > 0 and verdict.total > 0 and verdict.passed == verdict.total:
+            return "passed", ""
+        if not verdict.error and candidate.calls == 0:
+            return "failed", "the test never called the candidate"
+        return "failed", verdict.error or "the test did not complete"
+
+    @staticmethod
+    def _judge_calls(job: Job, sent: list, order: list[int], steps: dict[str, Any]) -> tuple[str, str, list[CallOutcome]]:
+        outputs: list[CallOutcome | None] = [None] * len(order)
+        for position, (ok, value, error) in zip(order, sent):
+            if ok:
+                try:
+                    value = decode(value)
+                except (ValueError, RecursionError):
+                    ok, value, error = False, None, "the call returned a malformed value"
+            outputs[position] = CallOutcome(bool(ok), value if ok else None, "" if ok else str(error))
+        if job.expected is not None:
+            outputs = [CallOutcome(o.ok, o.value, o.error, o.ok and same_value(want, o.value))
+                       for o, want in zip(outputs, job.expected)]
+        done: list[CallOutcome] = outputs  # type: ignore[assignment]
+        steps["runs"] = all(o.ok for o in done)
+        if job.expected is None:
+            steps["tests_passed"] = None
+            return "completed", "", done
+        passed = sum(bool(o.passed) for o in done)
+        steps["tests_passed"] = passed
+        if not done:
+            return "failed", "the job has no calls to judge", done
+        if passed == len(done):
+            return "passed", "", done
+        index = next(i for i, o in enumerate(done) if not o.passed)
+        outcome = done[index]
+        what = f"raised {outcome.error}" if not outcome.ok else f"returned {_short(outcome.value)}, expected {_short(job.expected[index])}"
+        return "failed", f"call {index} {job.entry_point}(*{_short(job.calls[index])}) {what}", done
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _Progress:

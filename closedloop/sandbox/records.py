@@ -6,21 +6,30 @@ that starts processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ISOLATION = "fork+rlimits"  # the level this sandbox provides; a hardened one will name its own
-
-# Every status a job can end in. "ok" means the program loaded and every call ran to completion
-# (a call may still have raised: see CallOutcome.ok); every other status is about the whole job.
-STATUSES = ("ok", "syntax_error", "load_error", "timeout", "memory", "output_limit", "killed", "infra_error")
+# Every status a job can end in:
+#   passed / failed  the trusted grader judged the outputs (a job with expected values or a test)
+#   completed        every call ran and nothing was there to judge it (a job with neither)
+#   error            the program did not load: a syntax error, an exception at load, no entry point
+#   timeout, memory, output_limit, killed   the job process was stopped, or ended early
+#   infra_error      the sandbox itself failed (twice): says nothing about the code, never counted
+STATUSES = ("passed", "failed", "completed", "error", "timeout", "memory", "output_limit", "killed", "infra_error")
+ISOLATION_MODES = ("auto", "bwrap", "fork")
 
 
 @dataclass(frozen=True)
 class Limits:
+    """What one job may use; the defaults suit short functions."""
+
     timeout_s: float = 2.0  # wall clock per job, from fork to exit
     memory_mb: int = 512  # address space (RLIMIT_AS) of the job's process
     max_output_bytes: int = 65536  # cap on stdout, on stderr, on any file written, and on returned JSON
+    disk_mb: int = 16  # size of the worker's private tmpfs, where job directories live (bubblewrap only)
+    processes: int = 16  # RLIMIT_NPROC: processes and threads of the job's uid
+    open_files: int = 64  # RLIMIT_NOFILE
+    allow_exec: bool = False  # whether the job may execve (script environments run programs)
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
@@ -29,38 +38,74 @@ class Limits:
             raise ValueError(f"Limits.memory_mb ({self.memory_mb}) must be >= 32: the interpreter alone needs ~20 MB")
         if self.max_output_bytes < 1024:
             raise ValueError(f"Limits.max_output_bytes ({self.max_output_bytes}) must be >= 1024")
+        if self.disk_mb < 1:
+            raise ValueError(f"Limits.disk_mb ({self.disk_mb}) must be >= 1")
+        if self.processes < 1 or self.open_files < 8:
+            raise ValueError(f"Limits.processes ({self.processes}) must be >= 1, open_files ({self.open_files}) >= 8")
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class Job:
+    """One program to run, and how the trusted side judges it.
+
+    ``calls`` are positional args per call (plain data). A job is judged by ``expected`` (one value
+    per call, compared on the trusted side), by ``test`` (a trusted program defining
+    ``check(candidate)``, run on the trusted side after ``prelude``, with ``candidate`` forwarding each
+    call to the sandboxed process: HumanEval's format), or not at all (status "completed").
+    ``files`` are placed in the job's directory before the program runs.
+    """
+
     program: str
     entry_point: str
-    calls: list[list]  # positional args per call, plain JSON data
+    calls: list[list] = field(default_factory=list)
+    expected: list | None = None
+    test: str | None = None
+    prelude: str = ""
+    files: dict[str, str] = field(default_factory=dict)
+    limits: Limits | None = None  # None: the pool's
+
+    def __post_init__(self) -> None:
+        if self.expected is not None and len(self.expected) != len(self.calls):
+            raise ValueError(f"Job: {len(self.expected)} expected values for {len(self.calls)} calls")
+        if self.test is not None and (self.calls or self.expected is not None):
+            raise ValueError("Job: a test program makes its own calls; give test or calls, not both")
+        for path in self.files:
+            parts = path.split("/")
+            if path.startswith("/") or ".." in parts or not path or "" in parts:
+                raise ValueError(f"Job.files: {path!r} must be a relative path inside the job directory")
 
 
 @dataclass(frozen=True)
 class CallOutcome:
-    ok: bool
-    value: Any  # canonical JSON data when ok (tuples arrive as lists), else None
+    ok: bool  # the call returned (False: it raised)
+    value: Any  # the returned value rebuilt from plain data when ok, else None
     error: str  # "TypeError: ..." when not ok, else ""
+    passed: bool | None = None  # the grader's judgement of this call; None when nothing judged it
 
 
 @dataclass(frozen=True)
 class ExecResult:
     status: str  # one of STATUSES
-    outputs: list[CallOutcome]  # one per call when status == "ok", else empty (see pool docs for why)
-    error: str  # what went wrong for the whole job, "" when ok
+    outputs: list[CallOutcome]  # one per call, in call order, for batch jobs that ran every call
+    error: str  # what went wrong for the whole job (or the first failed test), "" when passed
     stdout: str  # both capped at Limits.max_output_bytes
     stderr: str
     exit_code: int | None  # the job process's exit code, -N when killed by signal N, None if never started
     wall_s: float
-    isolation: str  # the isolation level that ran it, e.g. "fork+rlimits"
+    cpu_s: float
+    peak_memory_kb: int
+    isolation: str  # the isolation level that ran it, e.g. "bwrap+uid+seccomp+rlimits"
+    steps: dict[str, Any] = field(default_factory=dict)  # parses, loads, runs, tests_passed, tests_total
 
     @property
-    def ok(self) -> bool:
-        return self.status == "ok"
+    def passed(self) -> bool:
+        return self.status == "passed"
 
 
 def infra_error(message: str, isolation: str) -> ExecResult:
     """A result for a job the sandbox itself failed to run: it says nothing about the code."""
-    return ExecResult("infra_error", [], message, "", "", None, 0.0, isolation)
+    steps = {"parses": None, "loads": None, "runs": None, "tests_passed": None, "tests_total": None}
+    return ExecResult("infra_error", [], message, "", "", None, 0.0, 0.0, 0, isolation, steps)

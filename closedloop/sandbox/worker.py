@@ -1,18 +1,23 @@
 """The sandbox worker: a small, long-lived, stdlib-only interpreter that runs each job in a forked child.
 
-Started by pool.py as ``python -s -S -B worker.py <scratch dir>`` with a minimal environment. It must
-import nothing but the stdlib (never closedloop, never torch): forking a small interpreter costs
-~1.5 ms, forking one that has torch loaded ~25 ms.
+Started by pool.py as ``python -s -S -B worker.py <scratch dir> <config json>``, inside bubblewrap
+where available, with a minimal environment. It imports nothing but the stdlib and the modules the
+pool asks it to preload (never closedloop, never torch): forking a small interpreter costs ~1 ms.
 
 Protocol on the worker's stdin/stdout (moved to private fds at start, so stray prints cannot corrupt
 it): frames of a 4-byte big-endian length followed by UTF-8 JSON.
-  request  {"program", "entry_point", "calls", "limits": {"timeout_s", "memory_mb", "max_output_bytes"}}
-  reply    {"status", "outputs": [[ok, value, error], ...], "error", "stdout", "stderr", "exit_code", "wall_s"}
+  hello    {"hello": {"measures": [...], "preloaded": [...]}} once, after start-up
+  request  {"program", "entry_point", "calls", "limits", "files", "allow_exec", "interactive"}
+  reply    {"status", "outputs": [[ok, value, error], ...], "error", "stdout", "stderr", "exit_code",
+            "wall_s", "cpu_s", "peak_memory_kb"}
+Interactive jobs (the trusted grader makes the calls one at a time) are a session instead:
+  worker → {"loaded": bool}; then per pool frame {"call": args} → {"outcome": [ok, value, error]}
+  or {"ended": true} once the job is over; pool {"end": true} → the reply above.
 
-Per job the worker forks a child that starts a new session, chdirs into a fresh empty directory,
-sets rlimits, redirects stdout/stderr to capped files, compiles and runs the program, calls the entry
-point once per args list and streams its result back over a pipe. The worker enforces the wall
-clock, kills the child's whole process group, and maps how the child ended to a status.
+Per job the worker forks a child that starts a new session, chdirs into a fresh directory, confines
+itself (jail.py: rlimits, an unprivileged uid, seccomp) and runs the program. The worker enforces the
+wall clock, kills the child's process group and every orphan it left (the worker is a subreaper),
+and maps how the child ended to a status.
 """
 
 import os
@@ -21,9 +26,10 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0]) == _HERE:
     # Python puts the script's folder first on sys.path; drop it so the sandboxed program cannot
-    # import closedloop's modules (child.py is loaded by explicit path below instead).
+    # import closedloop's modules (child.py and jail.py are loaded by explicit path below instead).
     del sys.path[0]
 
+import importlib
 import importlib.util
 import json
 import select
@@ -33,57 +39,105 @@ import struct
 import time
 
 
-def _load_child():
-    spec = importlib.util.spec_from_file_location("_closedloop_sandbox_child", os.path.join(_HERE, "child.py"))
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"_closedloop_sandbox_{name}", os.path.join(_HERE, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-child = _load_child()
+child = _load("child")
+jail = _load("jail")
 _HEADER = struct.Struct(">I")
+_RESULT_SLACK = 4096  # bytes of result-pipe framing allowed beyond the output cap
 
 
-# ---------------------------------------------------------------------------------------------
-# The worker side of one job
+class _Job:
+    """One forked job process and the worker's ends of its pipes."""
 
+    def __init__(self, request, workdir, capture, measures):
+        self.limits = request["limits"]
+        self.cap = self.limits["max_output_bytes"] + _RESULT_SLACK
+        result_r, result_w = os.pipe()
+        call_r, call_w = os.pipe() if request.get("interactive") else (None, None)
+        self.start = time.monotonic()
+        self.deadline = self.start + self.limits["timeout_s"]
+        null = os.open(os.devnull, os.O_RDONLY)
+        fds = {0: null, 1: capture[0], 2: capture[1], child.RESULT_FD: result_w}
+        if call_r is not None:
+            fds[child.CALL_FD] = call_r
+        self.pid = os.fork()
+        if self.pid == 0:
+            child.run_child(request, fds, workdir, jail, measures)  # never returns
+        for fd in (null, result_w, call_r):
+            if fd is not None:
+                os.close(fd)
+        self.result_r, self.call_w = result_r, call_w
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        self.data = bytearray()  # everything the child wrote on the result pipe
+        self.read_to = 0  # how much of it interactive reading has consumed
+        self.exited = self.overflow = self.timed_out = False
 
-def _wait_child(pid, result_r, deadline, cap):
-    """Collect the child's result bytes until it exits or the deadline passes.
+    def _has_exited(self):
+        if self.pidfd is not None:
+            return bool(select.select([self.pidfd], [], [], 0)[0])
+        return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
-    Returns (data, exited, overflow). Uses a pidfd where the kernel has one, else short polls.
-    """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    data = bytearray()
-    open_fds = [result_r] + ([pidfd] if pidfd is not None else [])
-    exited = overflow = False
-    try:
-        while not exited:
-            remaining = deadline - time.monotonic()
+    def pump(self, until):
+        """Read the result pipe until ``until(data)`` holds, the child exits, overflows or times out.
+
+        Returns True when ``until`` held.
+        """
+        watched = [self.result_r] + ([self.pidfd] if self.pidfd is not None else [])
+        while not until(self.data):
+            if self.exited or self.overflow or self.timed_out:
+                return False
+            remaining = self.deadline - time.monotonic()
             if remaining <= 0:
-                break
-            wait = remaining if pidfd is not None else min(remaining, 0.002)
-            ready, _, _ = select.select(open_fds, [], [], wait)
-            if result_r in ready:
-                chunk = os.read(result_r, 65536)
+                self.timed_out = True
+                return False
+            wait = remaining if self.pidfd is not None else min(remaining, 0.002)
+            ready, _, _ = select.select(watched, [], [], wait)
+            if self.result_r in ready:
+                chunk = os.read(self.result_r, 65536)
                 if chunk:
-                    data += chunk
-                    if len(data) > cap:
-                        overflow = True
-                        break
-                else:
-                    open_fds.remove(result_r)
-            if pidfd is not None:
-                exited = pidfd in ready
-            else:
-                exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-    return data, exited, overflow
+                    self.data += chunk
+                    if len(self.data) > self.cap + self.read_to:
+                        self.overflow = True
+                    continue
+                watched.remove(self.result_r)
+            if self.pidfd is None or self.pidfd in ready or self.result_r not in watched:
+                self.exited = self._has_exited()
+        return True
+
+    def next_line(self):
+        """The next complete line the child wrote after what was read already, or None."""
+        end = self.data.find(b"\n", self.read_to)
+        if end < 0:
+            return None
+        line = bytes(self.data[self.read_to:end])
+        self.read_to = end + 1
+        return line
+
+    def finish(self):
+        """Kill what is left of the job and reap it; returns (wall_s, exit_code, cpu_s, peak_kb)."""
+        wall = time.monotonic() - self.start
+        if self.call_w is not None:
+            os.close(self.call_w)
+            self.call_w = None
+        _kill_group(self.pid)
+        if self.exited and not self.overflow:
+            _drain(self.result_r, self.data, self.cap)
+        _, status, usage = os.wait4(self.pid, 0)
+        _kill_orphans()
+        for fd in (self.result_r, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+        cpu = usage.ru_utime + usage.ru_stime
+        return round(wall, 6), os.waitstatus_to_exitcode(status), round(cpu, 6), int(usage.ru_maxrss)
 
 
 def _kill_group(pid):
@@ -94,6 +148,38 @@ def _kill_group(pid):
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _children():
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as handle:
+            return [int(pid) for pid in handle.read().split()]
+    except OSError:
+        return []
+
+
+def _kill_orphans():
+    """Kill and reap every process a job left behind (setsid'd sleepers, daemons).
+
+    The worker is a child subreaper, so orphans of a job become its children instead of init's; a
+    job's process tree is gone once the worker has no children left. Bounded: RLIMIT_NPROC caps how
+    many a job can have made.
+    """
+    for _ in range(1000):
+        pids = _children()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
 
 
 def _drain(result_r, data, cap):
@@ -110,7 +196,11 @@ def _drain(result_r, data, cap):
 
 
 def _final_line(data, n_calls):
-    """The child's last complete line, validated; None if it wrote none or a malformed one."""
+    """The child's last complete line, validated; None if it wrote none or a malformed one.
+
+    Whatever the program forged on the result pipe can only claim values it could have returned or
+    a failure status: never infra_error (which would take the job out of the count).
+    """
     lines = bytes(data).split(b"\n")[:-1]  # an unterminated last piece is an interrupted write
     if not lines or lines[-1] in (b"ready", b"loaded"):
         return None
@@ -123,15 +213,16 @@ def _final_line(data, n_calls):
         if status not in ("ok", "syntax_error", "load_error", "memory", "output_limit") or type(error) is not str:
             return None
         return result
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
-def _classify(data, exit_code, timed_out, overflow, limits, n_calls):
+def _classify(job, exit_code, n_calls):
     """(status, error, outputs) from how the child ended and what it wrote."""
-    if timed_out:
+    limits, data = job.limits, job.data
+    if job.timed_out:
         return "timeout", f"timed out after {limits['timeout_s']}s", []
-    if overflow:
+    if job.overflow:
         return "output_limit", f"result pipe exceeded {limits['max_output_bytes']} bytes", []
     if exit_code == -signal.SIGXFSZ:
         return "output_limit", f"output exceeded {limits['max_output_bytes']} bytes", []
@@ -166,70 +257,125 @@ def _rewind(fd):
     os.lseek(fd, 0, os.SEEK_SET)
 
 
-def run_job(request, scratch, number, out_fd, err_fd):
-    """Run one job in a forked child; returns the reply dict. Raises only on worker-side failures.
+class Worker:
+    def __init__(self, scratch, proto_in, proto_out, measures):
+        self.scratch, self.proto_in, self.proto_out, self.measures = scratch, proto_in, proto_out, measures
+        self.inbox = bytearray()
+        self.number = 0
+        # Memory-backed capture files: reachable by the job only through its fds 1 and 2, never by path.
+        self.capture = (os.memfd_create("stdout"), os.memfd_create("stderr"))
 
-    ``out_fd``/``err_fd`` are the worker's capture files, reused (truncated) for every job.
-    """
-    limits = request["limits"]
-    cap = limits["max_output_bytes"]
-    workdir = os.path.join(scratch, f"job{number}")
-    os.mkdir(workdir, 0o700)  # fresh and empty for every job
-    _rewind(out_fd)
-    _rewind(err_fd)
-    result_r, result_w = os.pipe()
-    try:
-        start = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            child.run_child(request, result_w, out_fd, err_fd, workdir)  # never returns
-        os.close(result_w)
-        result_w = -1
-        data, exited, overflow = _wait_child(pid, result_r, start + limits["timeout_s"], cap + 4096)
-        wall = time.monotonic() - start
-        _kill_group(pid)
-        if exited and not overflow:
-            _drain(result_r, data, cap + 4096)
-        _, status = os.waitpid(pid, 0)
-        exit_code = os.waitstatus_to_exitcode(status)
-        timed_out = not exited and not overflow
-        state, error, outputs = _classify(data, exit_code, timed_out, overflow, limits, len(request["calls"]))
-        return {
-            "status": state,
-            "outputs": outputs,
-            "error": error,
-            "stdout": _read_capped(out_fd, cap),
-            "stderr": _read_capped(err_fd, cap),
-            "exit_code": exit_code,
-            "wall_s": round(wall, 6),
-        }
-    finally:
-        for fd in (result_r, result_w):
-            if fd >= 0:
-                os.close(fd)
+    # -- the pool channel ------------------------------------------------------------------------
+
+    def send(self, message):
+        payload = json.dumps(message).encode()  # ASCII escapes carry any str, lone surrogates included
+        child.write_all(self.proto_out, _HEADER.pack(len(payload)) + payload)
+
+    def receive(self, deadline=None):
+        """The next frame from the pool; None at EOF, "timeout" if ``deadline`` passes first."""
+        while True:
+            if len(self.inbox) >= _HEADER.size:
+                size = _HEADER.unpack_from(self.inbox)[0]
+                if len(self.inbox) >= _HEADER.size + size:
+                    body = bytes(self.inbox[_HEADER.size:_HEADER.size + size])
+                    del self.inbox[:_HEADER.size + size]
+                    return json.loads(body)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([self.proto_in], [], [], remaining)[0]:
+                    return "timeout"
+            chunk = os.read(self.proto_in, 1 << 16)
+            if not chunk:
+                return None
+            self.inbox += chunk
+
+    # -- one job ---------------------------------------------------------------------------------
+
+    def run(self, request):
+        """Run one job (batch or interactive session); returns the final reply, or None at pool EOF."""
+        self.number += 1
+        workdir = os.path.join(self.scratch, f"job{self.number}")
+        os.mkdir(workdir, 0o700)  # fresh and empty for every job
+        if "uid" in self.measures:
+            os.chown(workdir, jail.JOB_UID, jail.JOB_UID)
+        for fd in self.capture:
+            _rewind(fd)
+        job = None
+        finished = False
         try:
-            os.rmdir(workdir)  # the common case: the program wrote no files
-        except OSError:
+            job = _Job(request, workdir, self.capture, self.measures)
+            if request.get("interactive"):
+                if not self._session(job):
+                    return None
+                n_calls = 0
+            else:
+                job.pump(lambda data: False)  # until the child exits
+                n_calls = len(request["calls"])
+            wall, exit_code, cpu, peak = job.finish()
+            finished = True
+            return self._reply(request, *_classify(job, exit_code, n_calls), wall, exit_code, cpu, peak)
+        finally:
+            if job is not None and not finished:  # interrupted by a worker-side error: leave nothing running
+                _kill_group(job.pid)
+                _kill_orphans()
             shutil.rmtree(workdir, ignore_errors=True)
 
+    def _session(self, job):
+        """The interactive protocol for one job; False if the pool went away."""
+        loaded = job.pump(lambda data: b"\nloaded\n" in data)
+        job.read_to = job.data.find(b"\nloaded\n") + len(b"\nloaded\n") if loaded else len(job.data)
+        self.send({"loaded": loaded})
+        over = not loaded
+        while True:
+            frame = self.receive(None if over else job.deadline)
+            if frame is None:
+                return False
+            if frame == "timeout":
+                job.timed_out = over = True
+                _kill_group(job.pid)
+                continue
+            if "end" in frame:
+                if not over:
+                    os.close(job.call_w)
+                    job.call_w = None
+                    job.pump(lambda data: False)  # the final line, then exit
+                return True
+            if over:
+                self.send({"ended": True})
+                continue
+            child.write_all(job.call_w, (json.dumps(frame["call"]) + "\n").encode())
+            if job.pump(lambda data: data.find(b"\n", job.read_to) >= 0):
+                line = job.next_line()
+                try:
+                    outcome = json.loads(line)
+                    if type(outcome) is not list or len(outcome) != 3 or type(outcome[0]) is not bool:
+                        raise ValueError
+                except (ValueError, RecursionError):
+                    outcome = None
+                if outcome is not None:
+                    self.send({"outcome": outcome})
+                    continue
+            over = True  # the child died, timed out, overflowed or wrote garbage: the job is over
+            _kill_group(job.pid)
+            self.send({"ended": True})
 
-# ---------------------------------------------------------------------------------------------
-# The worker's loop
-
-
-def _read_exact(fd, size):
-    chunks, need = [], size
-    while need:
-        chunk = os.read(fd, need)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        need -= len(chunk)
-    return b"".join(chunks)
+    def _reply(self, request, status, error, outputs, wall, exit_code, cpu, peak):
+        cap = request["limits"]["max_output_bytes"]
+        return {
+            "status": status,
+            "outputs": outputs,
+            "error": error,
+            "stdout": _read_capped(self.capture[0], cap),
+            "stderr": _read_capped(self.capture[1], cap),
+            "exit_code": exit_code,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "peak_memory_kb": peak,
+        }
 
 
 def main(argv):
-    scratch = argv[1]
+    scratch, config = argv[1], json.loads(argv[2])
     # Move the protocol pipes off 0/1 so nothing else in this process can write into the protocol.
     proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
@@ -237,26 +383,32 @@ def main(argv):
     os.dup2(2, 1)
     # Ctrl-C in a terminal reaches the whole foreground group; the pool decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
-    out_fd = os.open(os.path.join(scratch, "stdout"), flags, 0o600)
-    err_fd = os.open(os.path.join(scratch, "stderr"), flags, 0o600)
-    child.warm_up()
-    number = 0
-    while True:
-        header = _read_exact(proto_in, _HEADER.size)
-        if header is None:
-            return 0  # the pool closed our stdin: shut down
-        body = _read_exact(proto_in, _HEADER.unpack(header)[0])
-        if body is None:
-            return 0
-        number += 1
+    jail.become_subreaper()
+    jail.prepare(os.getpid())
+    measures = [m for m in jail.probe() if m in config["measures"]]
+    preloaded = []
+    for name in config.get("preload", []):
         try:
-            reply = run_job(json.loads(body), scratch, number, out_fd, err_fd)
+            importlib.import_module(name)  # inherited by every fork, so a job's import is free
+            preloaded.append(name)
+        except ImportError:
+            pass
+    child.warm_up()
+    worker = Worker(scratch, proto_in, proto_out, measures)
+    worker.send({"hello": {"measures": measures, "preloaded": preloaded}})
+    while True:
+        request = worker.receive()
+        if request is None:
+            return 0  # the pool closed our stdin: shut down
+        try:
+            reply = worker.run(request)
         except Exception as exc:  # noqa: BLE001 - the pool must get an answer for every request
             reply = {"status": "infra_error", "outputs": [], "error": f"worker: {child.describe(exc)}",
-                     "stdout": "", "stderr": "", "exit_code": None, "wall_s": 0.0}
-        payload = json.dumps(reply).encode()  # ASCII escapes carry any str, lone surrogates included
-        child.write_all(proto_out, _HEADER.pack(len(payload)) + payload)
+                     "stdout": "", "stderr": "", "exit_code": None, "wall_s": 0.0, "cpu_s": 0.0,
+                     "peak_memory_kb": 0}
+        if reply is None:
+            return 0
+        worker.send(reply)
 
 
 if __name__ == "__main__":

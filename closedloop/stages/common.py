@@ -52,13 +52,12 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
     return metrics
 
 
-def sandbox_pool(params: Params):
-    from closedloop.sandbox import Limits, SandboxPool
+def sandbox_pool(params: Params, env: str = "code"):
+    """A sandbox pool with environment ``env``'s limits and isolation (params.envs.<env>.sandbox)."""
+    from closedloop.sandbox import SandboxPool
 
-    return SandboxPool(
-        workers=params.reward.workers,
-        limits=Limits(timeout_s=params.reward.timeout_s, memory_mb=params.reward.memory_mb),
-    )
+    settings = getattr(params.envs, env).sandbox
+    return SandboxPool(workers=params.reward.workers, limits=settings.limits(), isolation=settings.isolation)
 
 
 def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:

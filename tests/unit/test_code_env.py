@@ -14,6 +14,7 @@ from closedloop.envs.base import Task
 from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark, same_value
 from closedloop.envs.code_tasks import FAMILIES
 from closedloop.sandbox import ExecResult, Limits, SandboxPool, to_plain
+from closedloop.sandbox.records import infra_error
 
 KINDS = sorted(FAMILIES)
 
@@ -177,7 +178,7 @@ class TestVerify:
             limits = Limits()
 
             def run(self, jobs, progress=False):
-                return [ExecResult("infra_error", [], "worker died", "", "", None, 0.0, "fork+rlimits") for _ in jobs]
+                return [infra_error("worker died", "fork+rlimits") for _ in jobs]
 
         verdict = env.verify(tasks[0], tasks[0].reference, BrokenPool())
         assert verdict.status == "infra_error" and not verdict.passed

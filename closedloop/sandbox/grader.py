@@ -1,0 +1,159 @@
+"""The trusted side of judging a job: value comparison and assert-style test programs.
+
+Nothing here ever holds an object the sandboxed program made: values arrive as plain data and are
+rebuilt from exact builtin types (see child.decode), so a returned object cannot override ``__eq__``,
+and the expected values and the tests never enter the sandboxed process.
+
+A test program in HumanEval's format defines ``check(candidate)``. It runs here, after a trusted
+prelude (HumanEval's prompt, which defines helpers such as ``poly`` that the tests use), with
+``candidate`` forwarding each call to the job process. Every ``assert`` in ``check`` is rewritten to
+count instead of stop, so a job earns partial credit per assert; runs of consecutive top-level
+asserts are shuffled per job, so a program cannot answer by call order.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_COUNTER = "__closedloop_count__"
+ORDERS_PER_TEST = 8
+
+
+def same_value(expected: Any, got: Any) -> bool:
+    """Exact-type equality; floats allow 1e-9, bools never equal ints.
+
+    Expected lists also accept tuples: task files are JSON, which cannot hold a tuple.
+    """
+    kind = type(expected)
+    if kind is float:
+        if type(got) not in (int, float):
+            return False
+        return (math.isnan(expected) and math.isnan(got)) or math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
+    if kind is list and type(got) is tuple:
+        got = list(got)
+    if kind is not type(got):
+        return False
+    if kind is list or kind is tuple:
+        return len(expected) == len(got) and all(same_value(e, g) for e, g in zip(expected, got))
+    if kind is dict:
+        return expected.keys() == got.keys() and all(same_value(expected[k], got[k]) for k in expected)
+    return expected == got
+
+
+class JobOver(BaseException):
+    """Raised by the candidate proxy once the job process is gone; not an Exception, so a test's
+    ``except Exception`` cannot swallow it."""
+
+
+class CandidateError(Exception):
+    """The sandboxed call raised; carries its "Type: message"."""
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.passed = 0
+        self.total = 0
+        self.first_failure = ""
+
+    def __call__(self, ok: bool, line: int, error: BaseException | None) -> None:
+        self.total += 1
+        if ok:
+            self.passed += 1
+        elif not self.first_failure:
+            detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            self.first_failure = f"test line {line}: {detail}"[:500]
+
+
+class _CountAsserts(ast.NodeTransformer):
+    """``assert x, m`` → try: assert x, m / except Exception as e: count(False) / else: count(True)."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        call = lambda *args: ast.Expr(ast.Call(ast.Name(_COUNTER, ast.Load()), list(args), []))  # noqa: E731
+        line = ast.Constant(node.lineno)
+        handler = ast.ExceptHandler(
+            type=ast.Name("Exception", ast.Load()),
+            name="__closedloop_error__",
+            body=[call(ast.Constant(False), line, ast.Name("__closedloop_error__", ast.Load()))],
+        )
+        replacement = ast.Try(body=[node], handlers=[handler], orelse=[call(ast.Constant(True), line, ast.Constant(None))],
+                              finalbody=[])
+        return ast.copy_location(replacement, node)
+
+
+@dataclass
+class TestVerdict:
+    passed: int
+    total: int
+    completed: bool  # check() returned (it did not raise outside an assert)
+    error: str
+
+
+class TestProgram:
+    """A trusted test program, parsed once and run once per job."""
+
+    def __init__(self, prelude: str, test: str, source_name: str = "<test>") -> None:
+        self.prelude = compile(prelude, f"{source_name}:prelude", "exec") if prelude.strip() else None
+        tree = ast.parse(test, f"{source_name}")
+        self.check_index = None
+        for index, node in enumerate(tree.body):
+            if isinstance(node, ast.FunctionDef) and node.name == "check":
+                self.check_index = index
+        if self.check_index is None:
+            raise ValueError(f"{source_name}: the test program defines no check(candidate) function")
+        self.tree = tree
+        self.source_name = source_name
+        self._variants: dict[int, Any] = {}
+
+    def _compiled(self, seed: int):
+        # A few orders per test, each compiled once: parsing and compiling a test costs more than
+        # running a job, and the program cannot tell which of the orders it is given.
+        variant = seed % ORDERS_PER_TEST
+        if variant not in self._variants:
+            self._variants[variant] = self._compile(variant)
+        return self._variants[variant]
+
+    def _compile(self, seed: int):
+        tree = ast.parse(ast.unparse(self.tree))  # a fresh copy to shuffle
+        check = tree.body[self.check_index]
+        check.body = _shuffle_assert_runs(check.body, random.Random(seed))
+        tree = ast.fix_missing_locations(_CountAsserts().visit(tree))
+        return compile(tree, self.source_name, "exec")
+
+    def run(self, candidate: Callable[..., Any], seed: int, entry_point: str = "") -> TestVerdict:
+        namespace: dict[str, Any] = {"__name__": "__closedloop_test__"}
+        counter = _Counter()
+        try:
+            if self.prelude is not None:
+                exec(self.prelude, namespace)  # noqa: S102 - the task set's own prompt, trusted
+            if entry_point:
+                # Some tests call the function by its own name (HumanEval/33 compares candidate(x)
+                # with sort_third(x)); in the original harness that name is the completion's function.
+                namespace[entry_point] = candidate
+            namespace[_COUNTER] = counter
+            exec(self._compiled(seed), namespace)  # noqa: S102 - the task set's own tests, trusted
+            namespace["check"](candidate)
+        except JobOver:
+            raise
+        except Exception as error:  # noqa: BLE001 - a test that stops outside an assert fails the job
+            detail = f"{type(error).__name__}: {error}"[:500]
+            return TestVerdict(counter.passed, counter.total, False, counter.first_failure or detail)
+        return TestVerdict(counter.passed, counter.total, True, counter.first_failure)
+
+
+def _shuffle_assert_runs(body: list[ast.stmt], rng: random.Random) -> list[ast.stmt]:
+    out: list[ast.stmt] = []
+    run: list[ast.stmt] = []
+    for node in body + [None]:  # type: ignore[list-item]
+        if isinstance(node, ast.Assert):
+            run.append(node)
+            continue
+        rng.shuffle(run)
+        out.extend(run)
+        run = []
+        if node is not None:
+            out.append(node)
+    return out
