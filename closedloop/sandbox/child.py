@@ -209,6 +209,15 @@ def run_interactive(request, emit):
     if function is None:
         return failure
     cap = request["limits"]["max_output_bytes"]
+    if request["calls"]:  # the calls the trusted test is known to make: answered in one line
+        try:
+            batch = "[" + ",".join(_outcome(function, decode(args)) for args in request["calls"]) + "]"
+        except MemoryError:
+            return _MEMORY_LINE
+        if len(batch) > cap:
+            error = f"returned values exceed {cap} bytes of JSON"
+            return _dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
+        emit(batch.encode() + b"\n")
     for line in _call_lines(CALL_FD):
         try:
             reply = _outcome(function, decode(json.loads(line)))

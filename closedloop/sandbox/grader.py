@@ -14,6 +14,7 @@ asserts are shuffled per job, so a program cannot answer by call order.
 from __future__ import annotations
 
 import ast
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ class TestProgram:
         self.tree = tree
         self.source_name = source_name
         self._variants: dict[int, Any] = {}
+        self.static_calls = _static_calls(tree.body[self.check_index])
 
     def _compiled(self, seed: int):
         # A few orders per test, each compiled once: parsing and compiling a test costs more than
@@ -142,6 +144,37 @@ class TestProgram:
             detail = f"{type(error).__name__}: {error}"[:500]
             return TestVerdict(counter.passed, counter.total, False, counter.first_failure or detail)
         return TestVerdict(counter.passed, counter.total, True, counter.first_failure)
+
+
+def _static_calls(check: ast.FunctionDef) -> list[list]:
+    """The distinct argument lists of ``candidate(<literals>)`` calls in ``check``, in source order.
+
+    They are sent with the job and answered in one batch, so only calls whose arguments are computed
+    at run time cost a round trip each.
+    """
+    if not check.args.args:
+        return []
+    name = check.args.args[0].arg
+    found: dict[str, list] = {}
+    for node in ast.walk(check):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+                and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args)):
+            try:
+                args = [ast.literal_eval(a) for a in node.args]
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            try:
+                found.setdefault(call_key(args), args)
+            except (TypeError, ValueError):
+                continue
+    return list(found.values())
+
+
+def call_key(args: list) -> str:
+    """The identity of a call's arguments, as compared by the candidate proxy."""
+    from closedloop.sandbox.child import encode
+
+    return json.dumps(encode(list(args)), sort_keys=True)
 
 
 def _shuffle_assert_runs(body: list[ast.stmt], rng: random.Random) -> list[ast.stmt]:

@@ -11,7 +11,7 @@ it): frames of a 4-byte big-endian length followed by UTF-8 JSON.
   reply    {"status", "outputs": [[ok, value, error], ...], "error", "stdout", "stderr", "exit_code",
             "wall_s", "cpu_s", "peak_memory_kb"}
 Interactive jobs (the trusted grader makes the calls one at a time) are a session instead:
-  worker → {"loaded": bool}; then per pool frame {"call": args} → {"outcome": [ok, value, error]}
+  worker → {"loaded", "prefetched": outcomes of the request's calls or null, "ended"}; then per pool frame {"call": args} → {"outcome": [ok, value, error]}
   or {"ended": true} once the job is over; pool {"end": true} → the reply above.
 
 Per job the worker forks a child that starts a new session, chdirs into a fresh directory, confines
@@ -57,6 +57,7 @@ class _Job:
 
     def __init__(self, request, workdir, capture, measures):
         self.limits = request["limits"]
+        self.request_calls = len(request["calls"]) if request.get("interactive") else 0
         self.cap = self.limits["max_output_bytes"] + _RESULT_SLACK
         result_r, result_w = os.pipe()
         call_r, call_w = os.pipe() if request.get("interactive") else (None, None)
@@ -324,8 +325,19 @@ class Worker:
         """The interactive protocol for one job; False if the pool went away."""
         loaded = job.pump(lambda data: b"\nloaded\n" in data)
         job.read_to = job.data.find(b"\nloaded\n") + len(b"\nloaded\n") if loaded else len(job.data)
-        self.send({"loaded": loaded})
-        over = not loaded
+        prefetched = None
+        if loaded and job.request_calls:
+            if job.pump(lambda data: data.find(b"\n", job.read_to) >= 0):
+                try:
+                    prefetched = json.loads(job.next_line())
+                    if type(prefetched) is not list or len(prefetched) != job.request_calls:
+                        prefetched = None
+                except (ValueError, RecursionError):
+                    prefetched = None
+            if prefetched is None:
+                _kill_group(job.pid)  # died, timed out or wrote garbage while answering the batch
+        over = not loaded or (job.request_calls > 0 and prefetched is None)
+        self.send({"loaded": loaded, "prefetched": prefetched, "ended": over})
         while True:
             frame = self.receive(None if over else job.deadline)
             if frame is None:
