@@ -37,7 +37,12 @@ def _binds() -> list[str]:
             args += ["--ro-bind", path, path]
     prefix = os.path.realpath(sys.base_prefix)
     if not any(prefix == d or prefix.startswith(d + "/") for d in _SYSTEM_DIRS):
-        args += ["--ro-bind", prefix, prefix]  # e.g. a pyenv build under /root
+        # e.g. a pyenv build under /root: bubblewrap would copy /root's mode 0700 onto the folders it
+        # makes on the way, and the job's uid could not import any module not preloaded.
+        parents = Path(prefix).parents
+        for parent in reversed([str(p) for p in parents if str(p) != "/"]):
+            args += ["--perms", "0755", "--dir", parent]
+        args += ["--ro-bind", prefix, prefix]
     interpreter_dir = os.path.dirname(_interpreter())
     if not interpreter_dir.startswith(prefix + "/"):
         args += ["--ro-bind", interpreter_dir, interpreter_dir]

@@ -281,3 +281,18 @@ def test_calls_are_shuffled_per_job_and_results_come_back_in_call_order(pool):
     assert sorted(len(h) for h in histories) == list(range(1, 9))
     assert [len(h) for h in histories] != list(range(1, 9)), "calls ran in the listed order"
     del order
+
+
+def test_exec_is_denied_unless_the_policy_allows_it():
+    program = ("import subprocess\n"
+               "def f(x):\n"
+               "    try:\n"
+               "        return subprocess.run(['/bin/echo', str(x)], capture_output=True, text=True).stdout\n"
+               "    except OSError as error:\n"
+               "        return type(error).__name__\n")
+    denied_limits = Limits(timeout_s=2.0, memory_mb=256)
+    allowed_limits = Limits(timeout_s=2.0, memory_mb=256, allow_exec=True)
+    with SandboxPool(workers=1, limits=denied_limits) as pool:
+        denied, allowed = pool.run([Job(program, "f", [[7]]), Job(program, "f", [[7]], limits=allowed_limits)])
+    assert denied.outputs[0].value == "PermissionError"
+    assert allowed.outputs[0].value == "7\n"
