@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from closedloop.envs.base import Task
-from closedloop.envs.humaneval import TaskFileError, load_humaneval, read_lines
+from closedloop.envs.humaneval import TaskFileError, json_records, load_humaneval, read_lines
 
 
 def load_tasks(path: Path) -> dict[str, Task]:
@@ -44,16 +44,7 @@ def load_tasks(path: Path) -> dict[str, Task]:
 def load_samples(path: Path, tasks: dict[str, Task]) -> list[tuple[str, str]]:
     """(task_id, completion) per line, in file order."""
     samples = []
-    for number, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except ValueError as error:
-            raise TaskFileError(f"{where}: not valid JSON ({error})") from None
-        if type(record) is not dict:
-            raise TaskFileError(f"{where}: expected a JSON object with fields 'task_id' and 'completion'")
+    for _, where, record in json_records(path, "'task_id' and 'completion'"):
         for name in ("task_id", "completion"):
             if type(record.get(name)) is not str:
                 raise TaskFileError(f"{where}: field {name!r} must be a string")

@@ -39,9 +39,8 @@ def read_lines(path: Path) -> list[str]:
         raise TaskFileError(f"{path}: not UTF-8 text ({error})") from None
 
 
-def load_humaneval(path: Path, split: str = "benchmark") -> list[Task]:
-    """Every problem of a HumanEval-format file as a Task; the whole file is checked before any is used."""
-    tasks, seen = [], {}
+def json_records(path: Path, fields: str):
+    """(line number, "path:line", record) for each non-blank line, every record a JSON object."""
     for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
@@ -51,7 +50,14 @@ def load_humaneval(path: Path, split: str = "benchmark") -> list[Task]:
         except ValueError as error:
             raise TaskFileError(f"{where}: not valid JSON ({error})") from None
         if type(record) is not dict:
-            raise TaskFileError(f"{where}: expected a JSON object with fields {list(FIELDS)}")
+            raise TaskFileError(f"{where}: expected a JSON object with fields {fields}")
+        yield number, where, record
+
+
+def load_humaneval(path: Path, split: str = "benchmark") -> list[Task]:
+    """Every problem of a HumanEval-format file as a Task; the whole file is checked before any is used."""
+    tasks, seen = [], {}
+    for number, where, record in json_records(path, str(list(FIELDS))):
         for name in FIELDS:
             if name not in record:
                 raise TaskFileError(f"{where}: missing field {name!r} (a HumanEval record has {list(FIELDS)})")

@@ -140,6 +140,11 @@ def _dumps(value):
     return json.dumps(value, allow_nan=False, separators=(",", ":"))
 
 
+def _status_line(status, error):
+    """A final result line for a job that did not answer every call."""
+    return _dumps({"status": status, "error": error, "outputs": []}).encode() + b"\n"
+
+
 def _outcome(function, args):
     """One call as its result line: [true, value, ""] or [false, null, "Error: message"]."""
     try:
@@ -157,20 +162,20 @@ def load_program(request, emit):
     except MemoryError:
         return None, _MEMORY_LINE
     except BaseException as exc:  # noqa: BLE001 - SyntaxError, but also null bytes or too deep nesting
-        return None, _dumps({"status": "syntax_error", "error": describe(exc), "outputs": []}).encode() + b"\n"
+        return None, _status_line("syntax_error", describe(exc))
     namespace = {"__name__": "__program__", "__builtins__": builtins}
     try:
         exec(code, namespace)
     except MemoryError:
         return None, _MEMORY_LINE
     except BaseException as exc:  # noqa: BLE001 - SystemExit at top level is a load error too
-        return None, _dumps({"status": "load_error", "error": describe(exc), "outputs": []}).encode() + b"\n"
+        return None, _status_line("load_error", describe(exc))
     entry = request["entry_point"]
     function = namespace.get(entry)
     if function is None or not callable(function):
         what = "is not defined" if function is None else "is not callable"
         error = f"NameError: entry point {entry!r} {what}"
-        return None, _dumps({"status": "load_error", "error": error, "outputs": []}).encode() + b"\n"
+        return None, _status_line("load_error", error)
     emit(b"loaded\n")
     return function, None
 
@@ -187,7 +192,7 @@ def run_program(request, emit):
     line = ('{"status":"ok","error":"","outputs":[' + ",".join(parts) + "]}\n").encode()
     if len(line) > request["limits"]["max_output_bytes"]:
         error = f"returned values exceed {request['limits']['max_output_bytes']} bytes of JSON"
-        return _dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
+        return _status_line("output_limit", error)
     return line
 
 
@@ -216,7 +221,7 @@ def run_interactive(request, emit):
             return _MEMORY_LINE
         if len(batch) > cap:
             error = f"returned values exceed {cap} bytes of JSON"
-            return _dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
+            return _status_line("output_limit", error)
         emit(batch.encode() + b"\n")
     for line in _call_lines(CALL_FD):
         try:
@@ -225,7 +230,7 @@ def run_interactive(request, emit):
             return _MEMORY_LINE
         if len(reply) > cap:
             error = f"returned values exceed {cap} bytes of JSON"
-            return _dumps({"status": "output_limit", "error": error, "outputs": []}).encode() + b"\n"
+            return _status_line("output_limit", error)
         emit(reply.encode() + b"\n")
     return b'{"status":"ok","error":"","outputs":[]}\n'
 

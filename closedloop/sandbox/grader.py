@@ -20,6 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from closedloop.sandbox.child import encode
+
 _COUNTER = "__closedloop_count__"
 ORDERS_PER_TEST = 8
 
@@ -164,17 +166,15 @@ def _static_calls(check: ast.FunctionDef) -> list[list]:
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 continue
             try:
-                found.setdefault(call_key(args), args)
+                found.setdefault(call_key(encode(args)), args)
             except (TypeError, ValueError):
                 continue
     return list(found.values())
 
 
-def call_key(args: list) -> str:
-    """The identity of a call's arguments, as compared by the candidate proxy."""
-    from closedloop.sandbox.child import encode
-
-    return json.dumps(encode(list(args)), sort_keys=True)
+def call_key(encoded_args: list) -> str:
+    """The identity of a call's (encoded) arguments, as the candidate proxy looks them up."""
+    return json.dumps(encoded_args, sort_keys=True)
 
 
 def _shuffle_assert_runs(body: list[ast.stmt], rng: random.Random) -> list[ast.stmt]:

@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import random
+import select
 import shutil
 import struct
 import subprocess
@@ -31,7 +32,7 @@ from typing import Any
 
 from closedloop.sandbox import isolation
 from closedloop.sandbox.child import decode, encode
-from closedloop.sandbox.grader import CandidateError, JobOver, TestProgram, TestVerdict, same_value
+from closedloop.sandbox.grader import CandidateError, JobOver, TestProgram, TestVerdict, call_key, same_value
 from closedloop.sandbox.records import ISOLATION_MODES, CallOutcome, ExecResult, Job, Limits, infra_error
 
 _HEADER = struct.Struct(">I")
@@ -89,8 +90,6 @@ class _Worker:
             raise _Lost(f"worker pipe closed ({error})") from None
 
     def receive(self, timeout: float) -> dict[str, Any]:
-        import select
-
         deadline = time.monotonic() + timeout
         while True:
             if len(self.inbox) >= _HEADER.size:
@@ -150,7 +149,7 @@ class _Candidate:
             encoded = encode(list(args))
         except (TypeError, ValueError) as error:
             raise TypeError(f"candidate: arguments must be plain data ({error})") from None
-        outcome = self.prefetched.get(json.dumps(encoded, sort_keys=True))
+        outcome = self.prefetched.get(call_key(encoded))
         if outcome is None:
             self.worker.send({"call": encoded})
             reply = self.worker.receive(self.timeout)
@@ -170,10 +169,6 @@ class _Candidate:
         except (ValueError, RecursionError):
             self.raised += 1
             raise CandidateError("the call returned a malformed value") from None
-
-
-def decode_key(encoded_args: list) -> str:
-    return json.dumps(encoded_args, sort_keys=True)
 
 
 def job_seed(job: Job) -> int:
@@ -303,12 +298,13 @@ class SandboxPool:
                 report.finish()
         return results
 
-    def _request(self, index: int, job: Job) -> tuple[dict[str, Any], list[int]]:
-        """The wire request for ``job`` and the order its calls are sent in (shuffled per job)."""
+    def _request(self, index: int, job: Job) -> tuple[dict[str, Any], list[int], int]:
+        """The wire request for ``job``, the order its calls are sent in (shuffled per job), its seed."""
         # A test program's literal calls go with the job, answered in one batch (see grader._static_calls).
         call_list = self._test_program(job).static_calls if job.test is not None else job.calls
+        seed = job_seed(job)
         order = list(range(len(call_list)))
-        random.Random(job_seed(job)).shuffle(order)
+        random.Random(seed).shuffle(order)
         try:
             calls = [encode(list(call_list[i])) for i in order]
         except (TypeError, ValueError) as error:
@@ -316,9 +312,9 @@ class SandboxPool:
         limits = dict((job.limits or self.limits).to_wire())
         request = {"program": job.program, "entry_point": job.entry_point, "calls": calls, "limits": limits,
                    "files": job.files, "allow_exec": limits.pop("allow_exec"), "interactive": job.test is not None}
-        return request, order
+        return request, order, seed
 
-    def _execute(self, job: Job, request: tuple[dict[str, Any], list[int]], cancelled: threading.Event) -> ExecResult:
+    def _execute(self, job: Job, request: tuple[dict[str, Any], list[int], int], cancelled: threading.Event) -> ExecResult:
         if cancelled.is_set():
             return infra_error("cancelled", self.isolation)
         worker = self._idle.get()
@@ -344,17 +340,17 @@ class SandboxPool:
         finally:
             self._idle.put(worker)
 
-    def _attempt(self, worker: _Worker, job: Job, request: dict[str, Any], order: list[int]) -> ExecResult:
+    def _attempt(self, worker: _Worker, job: Job, request: dict[str, Any], order: list[int], seed: int) -> ExecResult:
         timeout = request["limits"]["timeout_s"] + _GRACE_S
         worker.send(request)
         verdict = candidate = None
         if job.test is not None:
             opening = worker.receive(timeout)
             if opening.get("loaded") and not opening.get("ended"):
-                sent = [decode_key(args) for args in request["calls"]]
+                sent = [call_key(args) for args in request["calls"]]
                 candidate = _Candidate(worker, timeout, dict(zip(sent, opening.get("prefetched") or [])))
                 try:
-                    verdict = self._test_program(job).run(candidate, job_seed(job), job.entry_point)
+                    verdict = self._test_program(job).run(candidate, seed, job.entry_point)
                 except JobOver:
                     verdict = None
             worker.send({"end": True})
