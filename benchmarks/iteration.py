@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SMALL = {
-    "envs": {"code": {"benchmark_tasks": 50}},
+    "envs": {name: {"benchmark": {"core": 6, "edge": 2, "failure_modes": 2}}
+             for name in ("code", "data", "script", "extract", "rules")},
     "generate": {"n_tasks": 100},
     "warmstart": {"steps": 60},
     "train": {"steps": 20},

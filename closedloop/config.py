@@ -8,7 +8,7 @@ The flows take :class:`Params` as a parameter, which is what gives the Prefect U
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -75,20 +75,100 @@ class SandboxParams(_Section):
         return Limits(**self.model_dump(exclude={"isolation"}))
 
 
-class CodeEnvParams(_Section):
-    benchmark_tasks: int = Field(200, gt=0, description="Size of the fixed benchmark set.")
+class SliceSizes(_Section):
+    """Tasks per benchmark slice of one environment."""
+
+    core: int = Field(40, ge=0, description="Typical tasks.")
+    edge: int = Field(20, ge=0, description="Edge cases: empty inputs, ties, unicode, missing values, boundary numbers.")
+    failure_modes: int = Field(20, ge=0, description="The ways models typically fail this environment.")
+
+
+class EnvParams(_Section):
+    """What every environment's section holds; each environment adds its own knobs."""
+
+    share: float = Field(1.0, ge=0.0, description="Relative share of training tasks and warm-start references; 0 leaves the environment out of the loop.")
+    benchmark: SliceSizes = SliceSizes()
+    train_file: Optional[str] = Field(None, description="A JSONL task set to draw training tasks from instead of generating them.")
+    benchmark_file: Optional[str] = Field(None, description="A JSONL task set to use, whole, as this environment's benchmark.")
+    weights: dict[str, float] = Field(default_factory=dict, description="Reward component weights; empty: the environment's defaults.")
+    sandbox: SandboxParams = SandboxParams()
+
+    @model_validator(mode="after")
+    def _some_positive_weight(self) -> "EnvParams":
+        if self.weights and not any(w > 0 for w in self.weights.values()):
+            raise ValueError("weights needs at least one positive weight")
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError("weights must not be negative")
+        return self
+
+
+class CodeEnvParams(EnvParams):
     tests_per_task: int = Field(6, gt=0)
     train_file: Optional[str] = Field(
-        None, description="A HumanEval-format JSONL(.gz) to draw training tasks from instead of generating them."
+        None, description="A HumanEval-format or closedloop JSONL(.gz) to draw training tasks from instead of generating them."
     )
     benchmark_file: Optional[str] = Field(
-        None, description="A HumanEval-format JSONL(.gz) to use, whole, as the benchmark set."
+        None, description="A HumanEval-format or closedloop JSONL(.gz) to use, whole, as the benchmark set."
     )
-    sandbox: SandboxParams = SandboxParams()
+
+
+class DataEnvParams(EnvParams):
+    # pandas is preloaded in each worker; its import alone maps several hundred MB of address space.
+    sandbox: SandboxParams = SandboxParams(memory_mb=2048, timeout_s=5.0)
+
+
+class ScriptEnvParams(EnvParams):
+    sandbox: SandboxParams = SandboxParams(allow_exec=True, timeout_s=5.0)
+
+
+class ExtractEnvParams(EnvParams):
+    pass
+
+
+class RulesEnvParams(EnvParams):
+    pass
+
+
+class CustomEnvParams(EnvParams):
+    """A user's environment: its class comes from ``entry``, its own settings from ``options``."""
+
+    entry: str = Field(description="'package.module:Class', or the name of a 'closedloop.environments' entry point.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Passed to the environment as params.options.")
+
+
+BUILTIN_ENVS = ("code", "data", "script", "extract", "rules")
 
 
 class EnvsParams(_Section):
     code: CodeEnvParams = CodeEnvParams()
+    data: DataEnvParams = DataEnvParams()
+    script: ScriptEnvParams = ScriptEnvParams()
+    extract: ExtractEnvParams = ExtractEnvParams()
+    rules: RulesEnvParams = RulesEnvParams()
+    custom: dict[str, CustomEnvParams] = Field(default_factory=dict, description="Users' environments by name.")
+
+    @model_validator(mode="after")
+    def _custom_names_free(self) -> "EnvsParams":
+        taken = sorted(set(self.custom) & set(BUILTIN_ENVS))
+        if taken:
+            raise ValueError(f"envs.custom: {taken} are built-in environment names; pick another name")
+        if not any(section.share > 0 for _, section in self.sections()):
+            raise ValueError("envs: every environment has share 0; at least one must take part in the loop")
+        return self
+
+    def sections(self) -> list[tuple[str, EnvParams]]:
+        """(name, section) of every environment, built-in first, in a fixed order."""
+        return [(name, getattr(self, name)) for name in BUILTIN_ENVS] + sorted(self.custom.items())
+
+    def section(self, name: str) -> EnvParams:
+        for known, section in self.sections():
+            if known == name:
+                return section
+        raise ValueError(f"unknown environment {name!r}; known: {[n for n, _ in self.sections()]}")
+
+    def active(self) -> list[str]:
+        """Environments that take part in the loop (share > 0)."""
+        return [name for name, section in self.sections() if section.share > 0]
 
 
 class GenerateParams(_Section):
@@ -115,20 +195,6 @@ class SampleParams(SamplingSettings):
 
 class RewardParams(_Section):
     workers: int = Field(0, ge=0, description="Sandbox worker processes; 0 means one per core.")
-    weights: dict[str, float] = Field(
-        default_factory=lambda: {"tests_passed": 1.0},
-        description="Weights of the reward components in the combined reward.",
-    )
-
-    @model_validator(mode="after")
-    def _weights_known(self) -> "RewardParams":
-        known = {"format", "syntax", "runs", "tests_passed"}
-        unknown = sorted(set(self.weights) - known)
-        if unknown:
-            raise ValueError(f"reward.weights has unknown components {unknown}; known: {sorted(known)}")
-        if not any(w > 0 for w in self.weights.values()):
-            raise ValueError("reward.weights needs at least one positive weight")
-        return self
 
 
 class GradeParams(_Section):
@@ -163,7 +229,11 @@ class EvaluateParams(_Section):
 
 class GateParams(_Section):
     min_improvement: float = Field(0.0, ge=0.0, description="Overall pass@1 gain the candidate must exceed.")
-    slice_tolerance: float = Field(0.05, ge=0.0, description="Largest pass@1 drop allowed on any env/slice.")
+    slice_tolerance: float = Field(0.05, ge=0.0, description="Largest pass@1 drop allowed on any env or env/slice.")
+    noise_z: float = Field(
+        2.0, ge=0.0,
+        description="A drop is a regression only beyond this many standard errors of the difference too (0: tolerance only).",
+    )
 
 
 class TrackingParams(_Section):

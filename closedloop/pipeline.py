@@ -32,19 +32,20 @@ SANDBOX_KEYS = ("reward.workers",)  # the limits and isolation are under envs.<n
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
-        "benchmark", ("stages/benchmark.py", "envs"), (),
-        ("project.seed", "envs.code"), (ws.BENCHMARK_TASKS,),
+        "benchmark", ("stages/benchmark.py", "envs", "rewards/validators.py"), (),
+        ("project.seed", "envs"), (ws.BENCHMARK_TASKS,),
     ),
     StageSpec(
         "warmstart",
-        ("stages/warmstart.py", "envs", "models", "training", "sampling", "evaluation", "sandbox"),
+        ("stages/warmstart.py", "envs", "rewards/validators.py", "models", "training", "sampling", "evaluation",
+         "sandbox"),
         (ws.BENCHMARK_TASKS,),
-        ("project.seed", "model", "warmstart", "envs.code", "evaluate", *SAMPLING_KEYS, *SANDBOX_KEYS),
+        ("project.seed", "model", "warmstart", "envs", "evaluate", *SAMPLING_KEYS, *SANDBOX_KEYS),
         (ws.REFERENCES, ws.WARMSTART_MODEL, ws.WARMSTART_EVAL),
     ),
     StageSpec(
-        "generate", ("stages/generate.py", "envs"), (),
-        ("project.seed", "loop.iteration", "generate", "envs.code"), (ws.TASKS,),
+        "generate", ("stages/generate.py", "envs", "rewards/validators.py"), (),
+        ("project.seed", "loop.iteration", "generate", "envs"), (ws.TASKS,),
     ),
     StageSpec(
         "sample", ("stages/sample.py", "sampling", "models"), (ws.TASKS, ws.CHAMPION),
@@ -52,7 +53,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         "reward", ("stages/reward.py", "envs", "sandbox", "rewards"), (ws.TASKS, ws.SAMPLES),
-        ("reward", "envs.code"), (ws.REWARDS,),
+        ("reward", "envs"), (ws.REWARDS,),
     ),
     StageSpec(
         "grade", ("stages/grade.py", "grading.py"), (ws.TASKS, ws.SAMPLES, ws.REWARDS),
@@ -70,9 +71,9 @@ STAGES: tuple[StageSpec, ...] = (
         ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS), (ws.CANDIDATE,),
     ),
     StageSpec(
-        "evaluate", ("stages/evaluate.py", "evaluation", "sampling", "models", "envs", "sandbox"),
+        "evaluate", ("stages/evaluate.py", "evaluation", "sampling", "models", "envs", "rewards/validators.py", "sandbox"),
         (ws.BENCHMARK_TASKS, ws.CHAMPION, ws.CANDIDATE),
-        ("project.seed", "loop.iteration", "evaluate", *SAMPLING_KEYS, *SANDBOX_KEYS), (ws.EVALUATION,),
+        ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *SANDBOX_KEYS), (ws.EVALUATION,),
     ),
     StageSpec(
         "gate", ("stages/gate.py", "evaluation/gate.py"), (ws.EVALUATION,), ("gate",), (ws.GATE,),

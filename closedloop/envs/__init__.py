@@ -1,6 +1,8 @@
 """Verifiable environments, found by name.
 
-Entries are "module:Class" strings so that looking one up imports only that environment's module.
+Built-in entries are "module:Class" strings so that looking one up imports only that environment's
+module. A user's environment is named in params.yaml under ``envs.custom.<name>.entry``, either as
+"package.module:Class" or as the name of an entry point in the ``closedloop.environments`` group.
 """
 
 from __future__ import annotations
@@ -11,20 +13,72 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from closedloop.config import Params
 
-ENVIRONMENTS: dict[str, str] = {"code": "closedloop.envs.code:CodeEnv"}
+ENVIRONMENTS: dict[str, str] = {
+    "code": "closedloop.envs.code:CodeEnv",
+    "data": "closedloop.envs.data:DataEnv",
+    "script": "closedloop.envs.script:ScriptEnv",
+    "extract": "closedloop.envs.extract:ExtractEnv",
+    "rules": "closedloop.envs.rules:RulesEnv",
+}
+ENTRY_POINT_GROUP = "closedloop.environments"
+REQUIRED_MEMBERS = ("name", "uses_sandbox", "components", "default_weights", "generate", "reference",
+                    "verify_batch", "component_sources")
 
 
-def environment_class(name: str) -> type:
-    if name not in ENVIRONMENTS:
-        raise ValueError(f"unknown environment {name!r}; known: {sorted(ENVIRONMENTS)}")
-    module_name, _, class_name = ENVIRONMENTS[name].partition(":")
-    return getattr(import_module(module_name), class_name)
+class EnvironmentError_(ValueError):
+    """An environment cannot be found or does not have the interface; the message says where."""
+
+
+def _load(entry: str, where: str) -> type:
+    module_name, sep, class_name = entry.partition(":")
+    if not sep:  # not "module:Class": an entry point name
+        from importlib.metadata import entry_points
+
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == entry]
+        if not found:
+            raise EnvironmentError_(f"{where}: {entry!r} is neither 'module:Class' nor the name of an "
+                                    f"entry point in group {ENTRY_POINT_GROUP!r}")
+        return found[0].load()
+    try:
+        module = import_module(module_name)
+    except ImportError as error:
+        raise EnvironmentError_(f"{where}: cannot import module {module_name!r} ({error})") from None
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise EnvironmentError_(f"{where}: module {module_name!r} has no {class_name!r}") from None
+
+
+def environment_class(name: str, params: Params | None = None) -> type:
+    if name in ENVIRONMENTS:
+        return _load(ENVIRONMENTS[name], f"built-in environment {name!r}")
+    custom = params.envs.custom if params is not None else {}
+    if name in custom:
+        cls = _load(custom[name].entry, f"params.yaml envs.custom.{name}.entry")
+        missing = [member for member in REQUIRED_MEMBERS if not hasattr(cls, member)]
+        if missing:
+            raise EnvironmentError_(f"params.yaml envs.custom.{name}.entry: {custom[name].entry} lacks {missing} "
+                                    "(see closedloop.envs.base.Environment)")
+        return cls
+    known = sorted(ENVIRONMENTS) + sorted(custom)
+    raise EnvironmentError_(f"unknown environment {name!r}; known: {known}")
 
 
 def get_env(name: str, params: Params) -> Any:
-    """Construct environment ``name`` from its section ``params.envs.<name>``."""
-    cls = environment_class(name)
-    section = getattr(params.envs, name, None)
-    if section is None:
-        raise ValueError(f"environment {name!r} has no settings: params.yaml needs a section envs.{name}")
-    return cls(section)
+    """Construct environment ``name`` from its section of params.yaml, checking its reward weights."""
+    cls = environment_class(name, params)
+    section = params.envs.section(name)
+    env = cls(section)
+    if getattr(env, "name", None) != name and name in ENVIRONMENTS:
+        raise EnvironmentError_(f"environment class for {name!r} calls itself {env.name!r}")
+    unknown = sorted(set(section.weights) - set(env.components))
+    where = f"envs.custom.{name}" if name in params.envs.custom else f"envs.{name}"
+    if unknown:
+        raise EnvironmentError_(f"params.yaml {where}.weights: unknown components {unknown}; "
+                                f"{name} has {list(env.components)}")
+    return env
+
+
+def reward_weights(env: Any, params: Params) -> dict[str, float]:
+    """The weights that combine ``env``'s components: params.yaml's, else the environment's defaults."""
+    return dict(params.envs.section(env.name).weights or env.default_weights)

@@ -1,13 +1,23 @@
-"""What every verifiable environment exchanges with the rest of the loop: tasks and verdicts.
+"""What every verifiable environment exchanges with the rest of the loop, and the shape of an environment.
 
-Both are plain, JSON-serialisable records so they can be written to batch files, cross process
-boundaries, and be hashed by DVC without surprises.
+Tasks and verdicts are plain, JSON-serialisable records so they can be written to batch files, cross
+process boundaries, and be hashed by DVC without surprises.
+
+An environment is any class with the members of :class:`Environment`. The five built-in ones live
+in this package (one module each); a user's is named in params.yaml (``envs.custom.<name>.entry``) as
+``"module:Class"`` or as the name of a ``closedloop.environments`` entry point.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Protocol, runtime_checkable
+
+SPLITS = ("train", "benchmark")
+SLICES = ("core", "edge", "failure_modes")  # benchmark slices; train tasks carry the slice of their family
+BENCHMARK_PER_MILLE = 150  # share of every environment's task space reserved for the benchmark
 
 
 @dataclass(frozen=True)
@@ -22,7 +32,7 @@ class Task:
     task_id: str
     env: str
     split: str  # "train" or "benchmark"
-    slice: str  # benchmark slice ("core", ...); "train" tasks use "core"
+    slice: str  # "core", "edge" or "failure_modes"
     kind: str  # the generator family, for per-kind reporting
     prompt: str
     entry_point: str
@@ -42,9 +52,11 @@ class Verdict:
     """The verifier's judgement of one completion.
 
     ``components`` are the separate reward signals in [0, 1] (``None`` = not applicable), combined by
-    weights from params.yaml elsewhere. ``steps`` are the step signals in order (parses → runs →
-    tests). ``feedback`` is a short message usable as the prompt of a failure→fix pair.
-    ``timing`` holds wall-clock figures, kept apart so batch files stay deterministic.
+    weights from params.yaml elsewhere. ``steps`` are the step signals in the order the verifier
+    checks them (e.g. parses → runs → tests); ``failed_step`` names the first one that failed (None
+    when the completion passed or was not judged). ``feedback`` is a short message usable as the
+    prompt of a failure→fix pair. ``timing`` holds wall-clock figures, kept apart so batch files stay
+    deterministic.
     """
 
     components: dict[str, float | None]
@@ -53,3 +65,57 @@ class Verdict:
     feedback: str
     status: str
     timing: dict[str, float] = field(default_factory=dict)
+    failed_step: str | None = None
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """The interface the loop uses. ``__init__`` takes the environment's section of params.yaml."""
+
+    name: str
+    uses_sandbox: bool  # True: verify_batch runs completions in the pool it is given; False: pool is None
+    components: tuple[str, ...]  # reward component names its verdicts carry
+    default_weights: dict[str, float]  # used when params.yaml gives none for this environment
+
+    def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
+        """``n`` distinct tasks, the same for the same arguments. Train never emits a benchmark task."""
+        ...
+
+    def reference(self, task: Task) -> str:
+        """A completion that gets full reward (the warm start learns from it)."""
+        ...
+
+    def verify_batch(self, tasks: list[Task], completions: list[str], pool: Any) -> list[Verdict]:
+        """One verdict per completion, in order; never raises on bad output."""
+        ...
+
+    def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
+        """{component name: (the code that computes it, its config)}: hashed into its version."""
+        ...
+
+
+def stable_hash(data: Any) -> str:
+    """sha256 of canonical JSON: the same for the same data in every process and on every machine."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def in_benchmark(key: str) -> bool:
+    """The split a task belongs to, from a hash of what it asks (not of its seed or wording):
+    a fixed bucket of the hash space, so train can never emit a benchmark task."""
+    return int(stable_hash(key)[:8], 16) % 1000 < BENCHMARK_PER_MILLE
+
+
+def check_split(env: str, split: str, slice: str, n: int) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"{env} env: split must be one of {SPLITS}, got {split!r}")
+    if slice not in SLICES:
+        raise ValueError(f"{env} env: slice must be one of {SLICES}, got {slice!r}")
+    if n < 0:
+        raise ValueError(f"{env} env: n ({n}) must be >= 0")
+
+
+def not_judged(components: tuple[str, ...], steps: tuple[str, ...], error: str) -> Verdict:
+    """The verdict of a sandbox infrastructure failure: says nothing about the completion."""
+    return Verdict(components={name: None for name in components}, steps={name: None for name in steps},
+                   passed=False, feedback=f"not judged (sandbox infrastructure error, not the completion's fault): {error}",
+                   status="infra_error")

@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from closedloop.envs.base import Task, Verdict
-from closedloop.envs.code_tasks import FAMILIES, probe_inputs
+from closedloop.envs.base import Task, Verdict, check_split, not_judged
+from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, probe_inputs
 from closedloop.sandbox.child import to_plain
-from closedloop.sandbox.grader import same_value
 from closedloop.sandbox.records import ExecResult, Job
 
 if TYPE_CHECKING:
     from closedloop.config import CodeEnvParams
     from closedloop.sandbox.pool import SandboxPool
 
-SPLITS = ("train", "benchmark")
 BENCHMARK_PER_MILLE = 150  # share of all task behaviours reserved for the benchmark
 ENTRY_POINT = "f"
 _MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say the space is exhausted
@@ -53,55 +50,75 @@ def in_benchmark(behaviour: str) -> bool:
     return int(behaviour[:8], 16) % 1000 < BENCHMARK_PER_MILLE
 
 
+COMPONENTS = ("syntax", "runs", "tests_passed")
+STEPS = ("parses", "runs", "tests_passed")
+
+
+def in_edge_slice(behaviour: str) -> bool:
+    """Benchmark behaviours tested on edge inputs: a fixed quarter, so no prompt is in two slices."""
+    return int(behaviour[8:12], 16) % 4 == 0
+
+
 class CodeEnv:
     name = "code"
+    uses_sandbox = True
+    sandbox_preload: tuple[str, ...] = ()
+    components = COMPONENTS
+    # Process supervision: a completion that parses and runs scores above one that does not parse,
+    # but only passing tests earn most of the reward.
+    default_weights = {"syntax": 0.1, "runs": 0.1, "tests_passed": 0.8}
 
     def __init__(self, params: CodeEnvParams) -> None:
         self.params = params
 
+    def component_sources(self) -> dict[str, tuple[Any, Any]]:
+        config = {"tests_per_task": self.params.tests_per_task, "sandbox": self.params.sandbox.model_dump(mode="json")}
+        return {"syntax": (_judge, config), "runs": (_judge, config), "tests_passed": (_judge, config)}
+
     # -- generation ------------------------------------------------------------------------------
 
-    def generate(self, n: int, seed: int, split: str) -> list[Task]:
-        """``n`` distinct tasks of ``split``, the same for the same arguments; kinds in round robin."""
-        if split not in SPLITS:
-            raise ValueError(f"code env: split must be one of {SPLITS}, got {split!r}")
-        if n < 0:
-            raise ValueError(f"code env: n ({n}) must be >= 0")
-        task_file = self.params.benchmark_file if split == "benchmark" else self.params.train_file
-        if task_file:
-            return self._from_file(Path(task_file), n, seed, split)
-        rng = random.Random(f"code/{split}/{seed}")
+    def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
+        """``n`` distinct tasks of ``split``, the same for the same arguments; kinds in round robin.
+
+        Train mixes every spec (tagged core or failure_modes). The benchmark's ``core`` slice holds
+        the ordinary specs, ``failure_modes`` the shapes small models get wrong, and ``edge`` any spec
+        tested mostly on edge inputs.
+        """
+        check_split(self.name, split, slice, n)
+        slice = "core" if split == "train" else slice
+        rng = random.Random(f"code/{split}/{seed}" + ("" if slice == "core" else f"/{slice}"))
         kinds = list(FAMILIES)
         seen: set[str] = set()  # behaviour hashes: two tasks computing the same function are duplicates
         tasks = []
+        exhausted: set[str] = set()  # kinds with no new task left in this split and slice
         for index in range(n):
-            kind = kinds[index % len(kinds)]
-            for _ in range(_MAX_DRAWS_PER_TASK):
-                spec = FAMILIES[kind].sample(rng)
-                behaviour, task = self._build(spec, split)
-                if task is not None and behaviour not in seen:
-                    seen.add(behaviour)
+            # Round robin over the kinds; a kind whose space is used up passes its turn on.
+            for offset in range(len(kinds)):
+                kind = kinds[(index + offset) % len(kinds)]
+                task = None if kind in exhausted else self._draw(kind, rng, split, slice, seen)
+                if task is not None:
                     tasks.append(task)
                     break
+                exhausted.add(kind)
             else:
                 raise ValueError(
-                    f"code env: drew {_MAX_DRAWS_PER_TASK} {kind!r} specs without a new {split} task "
-                    f"after {index} tasks; the space is nearly exhausted, ask for fewer than {n}"
+                    f"code env: no new {split}/{slice} task of any kind after {index} tasks "
+                    f"({_MAX_DRAWS_PER_TASK} draws each); the space is nearly exhausted, ask for fewer than {n}"
                 )
         return tasks
 
-    @staticmethod
-    def _from_file(path: Path, n: int, seed: int, split: str) -> list[Task]:
-        """A HumanEval-format set: the benchmark takes it whole; training draws ``n`` (cycling) in a seeded order."""
-        from closedloop.envs.humaneval import load_humaneval
+    def _draw(self, kind: str, rng: random.Random, split: str, slice: str, seen: set[str]) -> Task | None:
+        for _ in range(_MAX_DRAWS_PER_TASK):
+            spec = FAMILIES[kind].sample(rng)
+            if split == "benchmark" and slice != "edge" and is_failure_mode(spec) != (slice == "failure_modes"):
+                continue
+            behaviour, task = self._build(spec, split, slice)
+            if task is not None and behaviour not in seen:
+                seen.add(behaviour)
+                return task
+        return None
 
-        tasks = load_humaneval(path, split)
-        if split == "benchmark":
-            return tasks
-        random.Random(f"code/{split}/{seed}").shuffle(tasks)
-        return [tasks[i % len(tasks)] for i in range(n)]
-
-    def _build(self, spec: tuple, split: str) -> tuple[str, Task | None]:
+    def _build(self, spec: tuple, split: str, slice: str = "core") -> tuple[str, Task | None]:
         """(behaviour hash, the task) for ``spec``; the task is None when it belongs to the other split."""
         family = FAMILIES[spec[0]]
         comment, expression = family.render(spec)
@@ -111,14 +128,17 @@ class CodeEnv:
         behaviour = behaviour_hash(family.params, function)
         if in_benchmark(behaviour) != (split == "benchmark"):
             return behaviour, None
+        if split == "benchmark" and in_edge_slice(behaviour) != (slice == "edge"):
+            return behaviour, None  # benchmark slices never share a function
         spec_hash = _hash(list(spec))
-        calls = family.inputs(spec, random.Random(spec_hash), self.params.tests_per_task)
+        draw_inputs = edge_inputs if slice == "edge" else family.inputs
+        calls = draw_inputs(spec, random.Random(spec_hash), self.params.tests_per_task)
         expected = [to_plain(function(*json.loads(json.dumps(args)))) for args in calls]
         task = Task(
-            task_id=f"code/{split}/{spec_hash[:10]}",
+            task_id=f"code/{split}/{spec_hash[:10]}" if slice != "edge" else f"code/{split}/edge/{spec_hash[:10]}",
             env=self.name,
             split=split,
-            slice="core",
+            slice="failure_modes" if slice != "edge" and is_failure_mode(spec) else slice,
             kind=family.kind,
             prompt=prompt,
             entry_point=ENTRY_POINT,
@@ -169,14 +189,8 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
     total = len(task.checks["calls"]) if "calls" in task.checks else None  # a test program counts its own
     if result.status == "infra_error":
         # Says nothing about the completion: no reward components, no step signals to learn from.
-        return Verdict(
-            components={"syntax": None, "runs": None, "tests_passed": None},
-            steps={"parses": None, "runs": None, "tests_passed": None, "tests_total": total},
-            passed=False,
-            feedback=f"not judged (sandbox infrastructure error, not the completion's fault): {result.error}",
-            status="infra_error",
-            timing=timing,
-        )
+        verdict = not_judged(COMPONENTS, STEPS, result.error)
+        return replace(verdict, steps={**verdict.steps, "tests_total": total}, timing=timing)
     if result.status not in ("passed", "failed"):
         parses = bool(result.steps.get("parses"))
         status, feedback = _failure(result, pool)
@@ -187,6 +201,7 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
             feedback=feedback,
             status=status,
             timing=timing,
+            failed_step="runs" if parses else "parses",
         )
     if "test" in task.checks:
         return _judge_test_program(result, timing)
@@ -212,6 +227,7 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
         feedback=f"passed all {total} tests" if passed else first_failure,
         status=status,
         timing=timing,
+        failed_step=None if passed else ("runs" if raised else "tests_passed"),
     )
 
 
@@ -227,6 +243,7 @@ def _judge_test_program(result: ExecResult, timing: dict[str, float]) -> Verdict
         feedback=f"passed all {total} tests" if passed else result.error,
         status="passed" if passed else ("runtime_error" if not steps["runs"] else "failed"),
         timing=timing,
+        failed_step=None if passed else ("runs" if not steps["runs"] else "tests_passed"),
     )
 
 

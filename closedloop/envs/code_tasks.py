@@ -331,3 +331,37 @@ def probe_inputs(params: str) -> list[list[Any]]:
     if params == "n":
         return [[n] for n in range(-25, 26)]
     raise ValueError(f"no probe inputs for signature ({params})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark slices: which specs are failure modes, and the edge-case inputs of each signature
+
+def is_failure_mode(spec: tuple) -> bool:
+    """Specs of the shapes small models typically get wrong: chained string operations (the second
+    step is dropped or applied first), three-way conditions (a boundary is off by one), descending or
+    reversed orders (the direction is ignored), and max/min over a filter (the empty default is lost)."""
+    kind = spec[0]
+    if kind == "string":
+        return spec[1] == "ops" and len(spec[2]) == 2
+    if kind == "cond":
+        return spec[1] == "three"
+    if kind == "transform":
+        return spec[1] in ("desc", "rev")
+    if kind == "reduce":
+        return spec[1] in ("max", "min") and spec[3] != ["all"]
+    return kind == "arith" and spec[1] in ("floordiv", "summod", "prodmod", "absd")
+
+
+def edge_inputs(spec: tuple, rng: random.Random, count: int) -> list[list]:
+    """Edge cases first (empty inputs, ties, unicode, zero and boundary numbers), then ordinary ones."""
+    params = FAMILIES[spec[0]].params
+    if params == "xs":
+        cases = [[[]], [[0]], [[5, 5, 5]], [[-7, -7, 0, 7, 7]], [[10**6, -10**6]]]
+    elif params == "a, b":
+        cases = [[0, 0], [-1, -1], [10**6, -10**6], [7, 7], [-9, 0]]
+    elif params == "s":
+        cases = [[""], [" "], ["ÉéÜü ß"], ["aAa AaA"], ["ooooo"]]
+    else:  # n: the boundaries of the condition, zero and large magnitudes
+        cases = [[0], [-10**6], [10**6]] + _cond_inputs(spec, rng, 2)
+    ordinary = FAMILIES[spec[0]].inputs(spec, rng, count)
+    return (cases + ordinary)[: max(count, len(cases))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,8 +19,13 @@ class GateDecision:
 
 
 def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improvement: float,
-           slice_tolerance: float) -> GateDecision:
-    """Compare two benchmark summaries (see stats.summarize); every reason names the figures."""
+           slice_tolerance: float, noise_z: float = 0.0) -> GateDecision:
+    """Compare two benchmark summaries (see stats.summarize); every reason names the figures.
+
+    Every environment and every env/slice is checked. A drop is a regression when it exceeds both
+    ``slice_tolerance`` and ``noise_z`` standard errors of the difference: small slices measured with
+    a few samples move by more than a fixed tolerance from sampling noise alone.
+    """
     champ_overall = champion["overall"]["pass@1"]
     cand_overall = candidate["overall"]["pass@1"]
     delta = cand_overall - champ_overall
@@ -33,19 +39,23 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"({delta:+.3f} does not exceed min_improvement {min_improvement})")
     slice_deltas = {}
-    for name, champ_slice in sorted(champion["slices"].items()):
-        cand_slice = candidate["slices"].get(name)
+    groups = [*sorted(champion.get("envs", {}).items()), *sorted(champion["slices"].items())]
+    candidate_groups = {**candidate.get("envs", {}), **candidate["slices"]}
+    for name, champ_slice in groups:
+        cand_slice = candidate_groups.get(name)
         if cand_slice is None:
             promote = False
             reasons.append(f"slice {name}: missing from the candidate's evaluation")
             continue
         slice_delta = cand_slice["pass@1"] - champ_slice["pass@1"]
         slice_deltas[name] = slice_delta
-        if slice_delta < -slice_tolerance:
+        noise = noise_z * math.hypot(champ_slice.get("se", 0.0), cand_slice.get("se", 0.0))
+        allowed = max(slice_tolerance, noise)
+        why = f"slice_tolerance {slice_tolerance}" if allowed == slice_tolerance else f"{noise_z} standard errors ({noise:.3f})"
+        if slice_delta < -allowed:
             promote = False
             reasons.append(f"slice {name} regressed {slice_delta:+.3f} "
-                           f"({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}), "
-                           f"beyond slice_tolerance {slice_tolerance}")
+                           f"({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}), beyond {why}")
         else:
-            reasons.append(f"slice {name}: {slice_delta:+.3f} within slice_tolerance {slice_tolerance}")
+            reasons.append(f"slice {name}: {slice_delta:+.3f} within {why}")
     return GateDecision(promote=promote, reasons=reasons, overall_delta=delta, slice_deltas=slice_deltas)

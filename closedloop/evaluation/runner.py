@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from closedloop.config import SamplingSettings
 from closedloop.envs.base import Task
@@ -19,8 +19,7 @@ def evaluate_policy(
     samples_per_task: int,
     seed: int,
     batch_size: int,
-    env_for: Callable[[str], Any],
-    pool: Any,
+    verifiers: Any,
     progress: bool = False,
 ) -> dict[str, Any]:
     """pass@1 over ``samples_per_task`` samples per task, overall and per env/slice.
@@ -36,7 +35,7 @@ def evaluate_policy(
         temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
         stop=list(settings.stop), seed=seed, batch_size=batch_size, progress=progress,
     )
-    passes = verify_grouped(tasks, generations, env_for, pool, progress)
+    passes = verify_grouped(tasks, generations, verifiers)
     per_task = [
         {"task_id": t.task_id, "env": t.env, "slice": t.slice, "n": samples_per_task, "c": passes[t.task_id]}
         for t in tasks
@@ -50,15 +49,16 @@ def evaluate_policy(
     }
 
 
-def verify_grouped(tasks: list[Task], generations, env_for, pool, progress: bool) -> dict[str, int]:
-    """Count passing samples per task, verifying each environment's samples in one batch."""
+def verify_grouped(tasks: list[Task], generations, verifiers: Any) -> dict[str, int]:
+    """Count passing samples per task, verifying each environment's samples in one batch
+    (``verifiers``: a closedloop.stages.common.EnvPools, or anything with its verify_batch)."""
     by_env: dict[str, list[tuple[Task, str]]] = defaultdict(list)
     for task, samples in zip(tasks, generations):
         for sample in samples:
             by_env[task.env].append((task, sample.text))
     passes = {task.task_id: 0 for task in tasks}
     for env_name, items in by_env.items():
-        verdicts = env_for(env_name).verify_batch([t for t, _ in items], [c for _, c in items], pool)
+        verdicts = verifiers.verify_batch(env_name, [t for t, _ in items], [c for _, c in items])
         for (task, _), verdict in zip(items, verdicts):
             passes[task.task_id] += int(verdict.passed)
     return passes

@@ -15,19 +15,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def summarize(per_task: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Mean pass@1 overall and per ``env/slice``, with the standard error over tasks.
+    """Mean pass@1 overall, per environment and per ``env/slice``, with the standard error over tasks.
 
     Each item: {task_id, env, slice, n, c}. pass@1 of a task is c/n; the benchmark score is the mean
     over tasks, so every task weighs the same whatever its sample count.
     """
+    envs: dict[str, list[float]] = defaultdict(list)
     groups: dict[str, list[float]] = defaultdict(list)
     overall: list[float] = []
     for item in per_task:
         score = pass_at_k(item["n"], item["c"], 1)
+        envs[item["env"]].append(score)
         groups[f"{item['env']}/{item['slice']}"].append(score)
         overall.append(score)
     return {
         "overall": _mean_se(overall),
+        "envs": {name: _mean_se(scores) for name, scores in sorted(envs.items())},
         "slices": {name: _mean_se(scores) for name, scores in sorted(groups.items())},
     }
 

@@ -134,7 +134,7 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
 
 def _score_tags(summary: dict) -> dict[str, str]:
     tags = {"benchmark.pass_at_1": f"{summary['overall']['pass@1']:.4f}"}
-    for name, figures in summary["slices"].items():
+    for name, figures in [*summary.get("envs", {}).items(), *summary["slices"].items()]:
         tags[f"benchmark.pass_at_1.{name}"] = f"{figures['pass@1']:.4f}"
     return tags
 
@@ -172,7 +172,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         "parent.fingerprint": gate["champion"]["model_version"],
         "feedback_sources": json.dumps(feedback_sources(params), sort_keys=True),
         "gate.promote": str(gate["promote"]).lower(), "gate.reasons": " | ".join(gate["reasons"])[:4000],
-        **_score_tags({"overall": gate["candidate"]["overall"], "slices": gate["candidate"]["slices"]}),
+        **_score_tags(gate["candidate"]),
     }
     registered = params.tracking.registered_model
     version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.candidate, registered_model=registered,
@@ -207,7 +207,8 @@ def benchmark_rows(ws: Workspace) -> list[dict[str, Any]]:
     rows = []
     for role in ("champion", "candidate"):
         summary = gate[role]
-        for name, figures in [("overall", summary["overall"]), *summary["slices"].items()]:
+        for name, figures in [("overall", summary["overall"]), *summary.get("envs", {}).items(),
+                              *summary["slices"].items()]:
             rows.append({"model": role, "version": summary["model_version"], "slice": name,
                          "pass@1": round(figures["pass@1"], 4), "se": round(figures["se"], 4),
                          "tasks": figures["tasks"]})

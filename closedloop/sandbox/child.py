@@ -9,6 +9,11 @@ program code runs), "loaded" once the program is loaded, then either one JSON re
 every call's outcome (batch jobs), or one line per call it reads from the call pipe (fd 4, for
 interactive jobs whose calls the trusted grader makes one at a time) and a final line at its EOF.
 
+A script job (empty entry point) has no calls: the program runs once as ``__main__``, and ends
+cleanly when it runs to its end or raises SystemExit with code 0/None. A job that asks to collect
+files adds ``"files": {relative path: text}`` to its ok result line: the tree of its job directory
+once the program ran (see :func:`collect_files`), capped with the returned values.
+
 Values cross the boundary in the codec below: JSON in which tuples, dicts, sets and non-finite floats
 are tagged, built only from exact builtin types, so the trusted side rebuilds plain values and never
 runs anything of the program's (no subclass, no custom ``__eq__``).
@@ -21,6 +26,7 @@ import os
 import random
 import re
 import signal
+import stat
 import sys
 
 RESULT_FD = 3  # the child's end of the result pipe, moved here so every other fd can be closed
@@ -30,6 +36,10 @@ ERROR_CHARS = 500  # cap on one error message
 _MEMORY_LINE = b'{"status":"memory","error":"MemoryError","outputs":[]}\n'
 # Object addresses in error messages differ between processes; masked so results stay deterministic.
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+# What collect_files reports instead of the content of entries it does not read as text.
+SYMLINK_MARKER = "<symlink to {target}>"  # never followed: the link itself is the program's output
+SPECIAL_MARKER = "<not a regular file>"  # fifos, sockets, devices: opening one could block
+UNREADABLE_MARKER = "<unreadable: {error}>"  # e.g. a directory the program made unreadable
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,22 +165,37 @@ def _outcome(function, args):
         return _dumps([False, None, describe(exc)])
 
 
+def _clean_exit(exc):
+    """Whether a script's SystemExit ends it as the interpreter would with exit status 0."""
+    code = exc.code
+    return code is None or (type(code) in (int, bool) and code == 0)
+
+
 def load_program(request, emit):
-    """Compile and load the program; returns (entry point, None) or (None, final result line)."""
+    """Compile and load the program; returns (entry point, None) or (None, final result line).
+
+    A script job (empty entry point) returns (None, None) once the script ran to a clean end.
+    """
     try:
         code = compile(request["program"], "<program>", "exec", dont_inherit=True)
     except MemoryError:
         return None, _MEMORY_LINE
     except BaseException as exc:  # noqa: BLE001 - SyntaxError, but also null bytes or too deep nesting
         return None, _status_line("syntax_error", describe(exc))
-    namespace = {"__name__": "__program__", "__builtins__": builtins}
+    entry = request["entry_point"]
+    namespace = {"__name__": "__program__" if entry else "__main__", "__builtins__": builtins}
     try:
         exec(code, namespace)
     except MemoryError:
         return None, _MEMORY_LINE
-    except BaseException as exc:  # noqa: BLE001 - SystemExit at top level is a load error too
+    except SystemExit as exc:
+        if entry or not _clean_exit(exc):  # a function job must not exit at load, even with 0
+            return None, _status_line("load_error", describe(exc))
+    except BaseException as exc:  # noqa: BLE001 - any exception at top level is a load error
         return None, _status_line("load_error", describe(exc))
-    entry = request["entry_point"]
+    if not entry:
+        emit(b"loaded\n")
+        return None, None
     function = namespace.get(entry)
     if function is None or not callable(function):
         what = "is not defined" if function is None else "is not callable"
@@ -180,20 +205,102 @@ def load_program(request, emit):
     return function, None
 
 
-def run_program(request, emit):
+def run_program(request, emit, workdir="."):
     """Batch jobs: load, make every call, return the final result line (bytes)."""
     function, failure = load_program(request, emit)
-    if function is None:
+    if failure is not None:
         return failure
+    cap = request["limits"]["max_output_bytes"]
     try:
         parts = [_outcome(function, decode(args)) for args in request["calls"]]
     except MemoryError:
         return _MEMORY_LINE
-    line = ('{"status":"ok","error":"","outputs":[' + ",".join(parts) + "]}\n").encode()
-    if len(line) > request["limits"]["max_output_bytes"]:
-        error = f"returned values exceed {request['limits']['max_output_bytes']} bytes of JSON"
-        return _status_line("output_limit", error)
-    return line
+    line = '{"status":"ok","error":"","outputs":[' + ",".join(parts) + "]"
+    if len(line) > cap:
+        return _status_line("output_limit", f"returned values exceed {cap} bytes of JSON")
+    if request.get("collect_files"):
+        try:
+            files = collect_files(workdir, cap - len(line))
+        except MemoryError:
+            return _MEMORY_LINE
+        if files is None:
+            return _status_line("output_limit", f"returned values and files exceed {cap} bytes of JSON")
+        line += ',"files":' + _dumps(files)
+        if len(line) > cap:
+            return _status_line("output_limit", f"returned values and files exceed {cap} bytes of JSON")
+    return (line + "}\n").encode()
+
+
+def _text(raw):
+    """Bytes (file content, or a name from the file system) as text; non-UTF-8 bytes as \\xNN."""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+def _read_regular(path, budget):
+    """A regular file's bytes (at most ``budget`` + 1), a marker if it is not one, without following links."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return UNREADABLE_MARKER.format(error=type(exc).__name__)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the directory was listed
+            return SPECIAL_MARKER
+        chunks, size = [], 0
+        while size <= budget:
+            chunk = os.read(fd, budget + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return _text(b"".join(chunks))
+    except OSError as exc:
+        return UNREADABLE_MARKER.format(error=type(exc).__name__)
+    finally:
+        os.close(fd)
+
+
+def collect_files(root, budget):
+    """The files under ``root`` as {relative "/"-separated path: text}, sorted; None past ``budget`` bytes.
+
+    Files only: directories are implied by the paths, so an empty one is not reported. Nothing is
+    followed or opened that could block: a symlink, fifo, socket or device, and an entry that cannot
+    be read, is reported by a marker instead of its content (an unreadable directory under its own
+    path). The budget counts names and contents roughly as the JSON will, so a tree far over the cap
+    stops the walk early instead of being read whole.
+    """
+    files = {}
+    used = 0
+    pending = [""]  # relative paths of the directories still to list; iterative, so depth is no risk
+    while pending:
+        relative = pending.pop()
+        try:
+            with os.scandir(os.path.join(root, relative) if relative else root) as listing:
+                entries = [(entry.name, entry.is_symlink(), entry.is_dir(follow_symlinks=False),
+                            entry.is_file(follow_symlinks=False)) for entry in listing]
+        except OSError as exc:
+            entries = None
+            files[relative or "."] = UNREADABLE_MARKER.format(error=type(exc).__name__)
+        for name, is_link, is_dir, is_file in entries or ():
+            path = f"{relative}/{name}" if relative else name
+            full = os.path.join(root, path)
+            if is_dir:
+                pending.append(path)
+                continue
+            if is_link:
+                try:
+                    content = SYMLINK_MARKER.format(target=_text(os.fsencode(os.readlink(full))))
+                except OSError as exc:
+                    content = UNREADABLE_MARKER.format(error=type(exc).__name__)
+            elif is_file:
+                content = _read_regular(full, budget - used)
+            else:
+                content = SPECIAL_MARKER
+            key = _text(os.fsencode(path))
+            files[key] = content
+            used += len(key) + len(content) + 6  # quotes, colon, comma; escapes only make it longer
+            if used > budget:
+                return None
+    return dict(sorted(files.items()))
 
 
 def _call_lines(fd):
@@ -211,8 +318,8 @@ def _call_lines(fd):
 def run_interactive(request, emit):
     """Interactive jobs: load, then answer each call line on CALL_FD until EOF; returns the final line."""
     function, failure = load_program(request, emit)
-    if function is None:
-        return failure
+    if function is None:  # Job allows no script (empty entry point) with a test program
+        return failure or _status_line("load_error", "NameError: an interactive job needs an entry point")
     cap = request["limits"]["max_output_bytes"]
     if request["calls"]:  # the calls the trusted test is known to make: answered in one line
         try:
@@ -273,7 +380,10 @@ def run_child(request, fds, workdir, jail, measures):
         out, err = sys.stdout, sys.stderr
         write_all(RESULT_FD, b"ready\n")
         emit = lambda data: write_all(RESULT_FD, data)  # noqa: E731
-        line = run_interactive(request, emit) if request.get("interactive") else run_program(request, emit)
+        if request.get("interactive"):
+            line = run_interactive(request, emit)
+        else:
+            line = run_program(request, emit, os.path.abspath(workdir))
         # Flush before reporting: output over the cap raises SIGXFSZ here, and the worker maps
         # that signal to output_limit instead of trusting a result written before it.
         out.flush()

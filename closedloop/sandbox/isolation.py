@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 SANDBOX_DIR = Path(__file__).resolve().parent
@@ -43,10 +44,22 @@ def _binds() -> list[str]:
         for parent in reversed([str(p) for p in parents if str(p) != "/"]):
             args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", prefix, prefix]
+    for site in site_dirs():  # a virtual environment's site-packages lie outside the base prefix
+        if not (site == prefix or site.startswith(prefix + "/")):
+            for parent in reversed([str(p) for p in Path(site).parents if str(p) != "/"]):
+                args += ["--perms", "0755", "--dir", parent]
+            args += ["--ro-bind", site, site]
     interpreter_dir = os.path.dirname(_interpreter())
     if not interpreter_dir.startswith(prefix + "/"):
         args += ["--ro-bind", interpreter_dir, interpreter_dir]
     return args
+
+
+def site_dirs() -> list[str]:
+    """The running interpreter's site-packages: where preloaded libraries (pandas for the data env) live.
+    Workers start with -S, so these are put on their sys.path explicitly (after the stdlib)."""
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths[key]) for key in ("purelib", "platlib") if os.path.isdir(paths[key])})
 
 
 def bwrap_argv(disk_mb: int) -> list[str]:

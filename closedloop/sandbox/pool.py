@@ -7,6 +7,9 @@ makes each fork ~25 ms; a small worker ~1 ms). One thread per worker drives it o
 length-prefixed JSON frames; the trusted grading (expected values, HumanEval-style test programs)
 runs in those threads, on this side of the boundary.
 
+A script job (empty entry point) runs its program once, with no calls; with ``Job.collect_files``
+the job process reports its directory's resulting tree, which comes back as ``ExecResult.files``.
+
 Why outputs are empty unless every call ran: after a timeout the number of calls that finished
 depends on machine load, and results must be deterministic for the same job.
 """
@@ -30,9 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from closedloop.sandbox import isolation
+from closedloop.sandbox import isolation as jail_setup
 from closedloop.sandbox.child import decode, encode
 from closedloop.sandbox.grader import CandidateError, JobOver, TestProgram, TestVerdict, call_key, same_value
+
 from closedloop.sandbox.records import ISOLATION_MODES, CallOutcome, ExecResult, Job, Limits, infra_error
 
 _HEADER = struct.Struct(">I")
@@ -197,7 +201,8 @@ class SandboxPool:
         self.recycle_after = recycle_after
         self.restarts = 0  # workers replaced after dying or hanging, over the pool's life
         self._use_bwrap = self._choose_bwrap(isolation)
-        self._config = json.dumps({"measures": ["uid", "seccomp"], "preload": list(preload)})
+        self._config = json.dumps({"measures": ["uid", "seccomp"], "preload": list(preload),
+                                   "paths": jail_setup.site_dirs()})
         self._root = Path(tempfile.mkdtemp(prefix="closedloop-sandbox-"))
         self._lock = threading.Lock()
         self._spawned = 0
@@ -219,18 +224,18 @@ class SandboxPool:
             isolation_note = "; ".join(
                 {"uid": "jobs keep the pool's uid (dropping to an unprivileged uid needs root)",
                  "seccomp": "no seccomp filter (only x86_64 Linux is supported)"}[m] for m in missing)
-            isolation.warn_once(f"isolation is {self.isolation}: {isolation_note}")
+            jail_setup.warn_once(f"isolation is {self.isolation}: {isolation_note}")
         self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="sandbox")
 
     @staticmethod
     def _choose_bwrap(mode: str) -> bool:
         if mode == "fork":
             return False
-        works, why = isolation.bwrap_works()
+        works, why = jail_setup.bwrap_works()
         if not works and mode == "bwrap":
             raise SandboxUnavailable(f"isolation 'bwrap' was asked for, but {why}")
         if not works:
-            isolation.warn_once(f"{why}; jobs run without namespaces (install bubblewrap for full isolation)")
+            jail_setup.warn_once(f"{why}; jobs run without namespaces (install bubblewrap for full isolation)")
         return works
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -262,7 +267,7 @@ class SandboxPool:
     def _spawn(self) -> _Worker:
         self._spawned += 1
         scratch = self._root / f"w{self._spawned}"
-        return _Worker(isolation.worker_argv(self._use_bwrap, self.limits.disk_mb, scratch, self._config), scratch)
+        return _Worker(jail_setup.worker_argv(self._use_bwrap, self.limits.disk_mb, scratch, self._config), scratch)
 
     def _replace(self, worker: _Worker) -> _Worker:
         """Kill ``worker`` (dead, hung, spent) and put a fresh one in its slot."""
@@ -311,7 +316,8 @@ class SandboxPool:
             raise ValueError(f"job {index}: calls must be plain data ({error})") from None
         limits = dict((job.limits or self.limits).to_wire())
         request = {"program": job.program, "entry_point": job.entry_point, "calls": calls, "limits": limits,
-                   "files": job.files, "allow_exec": limits.pop("allow_exec"), "interactive": job.test is not None}
+                   "files": job.files, "allow_exec": limits.pop("allow_exec"), "interactive": job.test is not None,
+                   "collect_files": job.collect_files}
         return request, order, seed
 
     def _execute(self, job: Job, request: tuple[dict[str, Any], list[int], int], cancelled: threading.Event) -> ExecResult:
@@ -385,6 +391,7 @@ class SandboxPool:
             status=status, outputs=outputs, error=error, stdout=reply["stdout"], stderr=reply["stderr"],
             exit_code=reply["exit_code"], wall_s=reply["wall_s"], cpu_s=reply["cpu_s"],
             peak_memory_kb=reply["peak_memory_kb"], isolation=self.isolation, steps=steps,
+            files=_tree(reply.get("files")) if job.collect_files and raw == "ok" else None,
         )
 
     @staticmethod
@@ -426,6 +433,13 @@ class SandboxPool:
         outcome = done[index]
         what = f"raised {outcome.error}" if not outcome.ok else f"returned {_short(outcome.value)}, expected {_short(job.expected[index])}"
         return "failed", f"call {index} {job.entry_point}(*{_short(job.calls[index])}) {what}", done
+
+
+def _tree(files: Any) -> dict[str, str] | None:
+    """The reported file tree, if it has the shape the worker checked (a dict of str to str)."""
+    if type(files) is not dict or not all(type(k) is str and type(v) is str for k, v in files.items()):
+        return None
+    return files
 
 
 def _short(value: Any, limit: int = 120) -> str:

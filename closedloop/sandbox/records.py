@@ -11,8 +11,10 @@ from typing import Any
 
 # Every status a job can end in:
 #   passed / failed  the trusted grader judged the outputs (a job with expected values or a test)
-#   completed        every call ran and nothing was there to judge it (a job with neither)
-#   error            the program did not load: a syntax error, an exception at load, no entry point
+#   completed        every call ran and nothing was there to judge it (a job with neither), or a
+#                    script job (entry point "") ran to its end or to sys.exit(0)
+#   error            the program did not load: a syntax error, an exception at load (for a script:
+#                    an exception or a nonzero exit), no entry point
 #   timeout, memory, output_limit, killed   the job process was stopped, or ended early
 #   infra_error      the sandbox itself failed (twice): says nothing about the code, never counted
 STATUSES = ("passed", "failed", "completed", "error", "timeout", "memory", "output_limit", "killed", "infra_error")
@@ -56,6 +58,11 @@ class Job:
     ``check(candidate)``, run on the trusted side after ``prelude``, with ``candidate`` forwarding each
     call to the sandboxed process: HumanEval's format), or not at all (status "completed").
     ``files`` are placed in the job's directory before the program runs.
+
+    An empty ``entry_point`` makes a script job: the program is the whole script, run once at load
+    (as ``__main__``, in the job directory), with no calls; ``SystemExit`` with code 0 or None is a
+    clean end. ``collect_files`` asks for the job directory's resulting tree in ``ExecResult.files``
+    once the program (and every call) ran.
     """
 
     program: str
@@ -66,12 +73,17 @@ class Job:
     prelude: str = ""
     files: dict[str, str] = field(default_factory=dict)
     limits: Limits | None = None  # None: the pool's
+    collect_files: bool = False
 
     def __post_init__(self) -> None:
         if self.expected is not None and len(self.expected) != len(self.calls):
             raise ValueError(f"Job: {len(self.expected)} expected values for {len(self.calls)} calls")
         if self.test is not None and (self.calls or self.expected is not None):
             raise ValueError("Job: a test program makes its own calls; give test or calls, not both")
+        if not self.entry_point and (self.calls or self.expected is not None or self.test is not None):
+            raise ValueError("Job: a script job (entry_point '') makes no calls; give no calls, expected or test")
+        if self.collect_files and self.test is not None:
+            raise ValueError("Job: collect_files is for batch jobs; a test program's job cannot collect files")
         for path in self.files:
             parts = path.split("/")
             if path.startswith("/") or ".." in parts or not path or "" in parts:
@@ -99,6 +111,10 @@ class ExecResult:
     peak_memory_kb: int
     isolation: str  # the isolation level that ran it, e.g. "bwrap+uid+seccomp+rlimits"
     steps: dict[str, Any] = field(default_factory=dict)  # parses, loads, runs, tests_passed, tests_total
+    # With Job.collect_files, once the program ran: {path relative to the job directory: text}, files
+    # only, directories implied (see child.collect_files for the markers); None otherwise. It is the
+    # program's own output: a forged tree is no worse than writing those files.
+    files: dict[str, str] | None = None
 
     @property
     def passed(self) -> bool:

@@ -7,9 +7,11 @@ pool asks it to preload (never closedloop, never torch): forking a small interpr
 Protocol on the worker's stdin/stdout (moved to private fds at start, so stray prints cannot corrupt
 it): frames of a 4-byte big-endian length followed by UTF-8 JSON.
   hello    {"hello": {"measures": [...], "preloaded": [...]}} once, after start-up
-  request  {"program", "entry_point", "calls", "limits", "files", "allow_exec", "interactive"}
+  request  {"program", "entry_point", "calls", "limits", "files", "allow_exec", "interactive", "collect_files"}
   reply    {"status", "outputs": [[ok, value, error], ...], "error", "stdout", "stderr", "exit_code",
-            "wall_s", "cpu_s", "peak_memory_kb"}
+            "wall_s", "cpu_s", "peak_memory_kb", "files"}
+"files" is the job directory's tree ({relative path: text}) the child reported with its ok result when
+the request asked to collect files, else null. An empty entry point runs the program as a script.
 Interactive jobs (the trusted grader makes the calls one at a time) are a session instead:
   worker → {"loaded", "prefetched": outcomes of the request's calls or null, "ended"}; then per pool frame {"call": args} → {"outcome": [ok, value, error]}
   or {"ended": true} once the job is over; pool {"end": true} → the reply above.
@@ -196,11 +198,16 @@ def _drain(result_r, data, cap):
         data += chunk
 
 
-def _final_line(data, n_calls):
+def _is_tree(files):
+    return type(files) is dict and all(type(k) is str and type(v) is str for k, v in files.items())
+
+
+def _final_line(data, n_calls, collect_files=False):
     """The child's last complete line, validated; None if it wrote none or a malformed one.
 
-    Whatever the program forged on the result pipe can only claim values it could have returned or
-    a failure status: never infra_error (which would take the job out of the count).
+    Whatever the program forged on the result pipe can only claim values it could have returned, a
+    file tree it could have written, or a failure status: never infra_error (which would take the
+    job out of the count).
     """
     lines = bytes(data).split(b"\n")[:-1]  # an unterminated last piece is an interrupted write
     if not lines or lines[-1] in (b"ready", b"loaded"):
@@ -211,6 +218,8 @@ def _final_line(data, n_calls):
         shaped = all(type(o) is list and len(o) == 3 and type(o[0]) is bool and type(o[2]) is str for o in outputs)
         if status == "ok" and (len(outputs) != n_calls or not shaped):
             return None
+        if status == "ok" and collect_files and not _is_tree(result.get("files")):
+            return None
         if status not in ("ok", "syntax_error", "load_error", "memory", "output_limit") or type(error) is not str:
             return None
         return result
@@ -218,28 +227,29 @@ def _final_line(data, n_calls):
         return None
 
 
-def _classify(job, exit_code, n_calls):
-    """(status, error, outputs) from how the child ended and what it wrote."""
+def _classify(job, exit_code, n_calls, collect_files=False):
+    """(status, error, outputs, files) from how the child ended and what it wrote."""
     limits, data = job.limits, job.data
     if job.timed_out:
-        return "timeout", f"timed out after {limits['timeout_s']}s", []
+        return "timeout", f"timed out after {limits['timeout_s']}s", [], None
     if job.overflow:
-        return "output_limit", f"result pipe exceeded {limits['max_output_bytes']} bytes", []
+        return "output_limit", f"result pipe exceeded {limits['max_output_bytes']} bytes", [], None
     if exit_code == -signal.SIGXFSZ:
-        return "output_limit", f"output exceeded {limits['max_output_bytes']} bytes", []
+        return "output_limit", f"output exceeded {limits['max_output_bytes']} bytes", [], None
     if exit_code == -signal.SIGXCPU:
-        return "timeout", f"CPU time limit exceeded ({limits['timeout_s']}s)", []
+        return "timeout", f"CPU time limit exceeded ({limits['timeout_s']}s)", [], None
     if not data.startswith(b"ready\n"):
         # The child died before the program ran (the program cannot suppress this marker).
-        return "infra_error", f"sandbox setup failed in the job process (exit code {exit_code})", []
-    result = _final_line(data, n_calls) if exit_code == 0 else None
+        return "infra_error", f"sandbox setup failed in the job process (exit code {exit_code})", [], None
+    result = _final_line(data, n_calls, collect_files) if exit_code == 0 else None
     if result is not None:
-        return result["status"], result["error"], result["outputs"]
+        files = result.get("files") if collect_files and result["status"] == "ok" else None
+        return result["status"], result["error"], result["outputs"], files
     loaded = b"\nloaded\n" in data
     how = f"was killed by signal {_signal_name(-exit_code)}" if exit_code < 0 else f"exited with code {exit_code}"
     if not loaded:
-        return "load_error", f"process {how} while loading the program", []
-    return "killed", f"process {how} before returning from every call", []
+        return "load_error", f"process {how} while loading the program", [], None
+    return "killed", f"process {how} before returning from every call", [], None
 
 
 def _signal_name(number):
@@ -314,7 +324,8 @@ class Worker:
                 n_calls = len(request["calls"])
             wall, exit_code, cpu, peak = job.finish()
             finished = True
-            return self._reply(request, *_classify(job, exit_code, n_calls), wall, exit_code, cpu, peak)
+            outcome = _classify(job, exit_code, n_calls, bool(request.get("collect_files")))
+            return self._reply(request, *outcome, wall, exit_code, cpu, peak)
         finally:
             if job is not None and not finished:  # interrupted by a worker-side error: leave nothing running
                 _kill_group(job.pid)
@@ -371,11 +382,12 @@ class Worker:
             _kill_group(job.pid)
             self.send({"ended": True})
 
-    def _reply(self, request, status, error, outputs, wall, exit_code, cpu, peak):
+    def _reply(self, request, status, error, outputs, files, wall, exit_code, cpu, peak):
         cap = request["limits"]["max_output_bytes"]
         return {
             "status": status,
             "outputs": outputs,
+            "files": files,
             "error": error,
             "stdout": _read_capped(self.capture[0], cap),
             "stderr": _read_capped(self.capture[1], cap),
@@ -398,6 +410,7 @@ def main(argv):
     jail.become_subreaper()
     jail.prepare(os.getpid())
     measures = [m for m in jail.probe() if m in config["measures"]]
+    sys.path.extend(p for p in config.get("paths", []) if p not in sys.path)  # site-packages, after the stdlib
     preloaded = []
     for name in config.get("preload", []):
         try:
@@ -417,7 +430,7 @@ def main(argv):
         except Exception as exc:  # noqa: BLE001 - the pool must get an answer for every request
             reply = {"status": "infra_error", "outputs": [], "error": f"worker: {child.describe(exc)}",
                      "stdout": "", "stderr": "", "exit_code": None, "wall_s": 0.0, "cpu_s": 0.0,
-                     "peak_memory_kb": 0}
+                     "peak_memory_kb": 0, "files": None}
         if reply is None:
             return 0
         worker.send(reply)

@@ -12,6 +12,7 @@ def run(ctx: StageContext) -> dict:
     decision = decide(
         evaluation["champion"]["summary"], evaluation["candidate"]["summary"],
         min_improvement=ctx.params.gate.min_improvement, slice_tolerance=ctx.params.gate.slice_tolerance,
+        noise_z=ctx.params.gate.noise_z,
     )
     report = {
         **decision.to_dict(),
@@ -20,7 +21,7 @@ def run(ctx: StageContext) -> dict:
         "candidate": {"model_version": evaluation["candidate"]["model_version"],
                       **evaluation["candidate"]["summary"]},
         "settings": {"min_improvement": ctx.params.gate.min_improvement,
-                     "slice_tolerance": ctx.params.gate.slice_tolerance},
+                     "slice_tolerance": ctx.params.gate.slice_tolerance, "noise_z": ctx.params.gate.noise_z},
     }
     write_json(ctx.ws.gate, report)
     return {"promote": decision.promote, "overall_delta": decision.overall_delta}

@@ -13,7 +13,7 @@ from closedloop.stages.common import StageContext, StageError, load_tasks
 def run(ctx: StageContext) -> dict:
     tasks = {task.task_id: task for task in load_tasks(ctx.ws.tasks)}
     samples = read_jsonl(ctx.ws.samples, required=("sample_id", "task_id", "completion"))
-    rewards = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rewards, required=("sample_id", "steps", "reward"))}
+    rewards = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rewards, required=("sample_id", "steps", "reward", "passed"))}
     missing = [s["sample_id"] for s in samples if s["sample_id"] not in rewards]
     if missing:
         raise StageError(f"{ctx.ws.rewards}: no reward for {len(missing)} sample(s), e.g. {missing[0]}")
@@ -31,16 +31,37 @@ def run(ctx: StageContext) -> dict:
     return summary(graded, fixes, train_set)
 
 
+def check_counts(reward: dict) -> tuple[int, int]:
+    """(checks passed, checks total) of one verdict, the same scale for every environment.
+
+    Tests for code (its steps count them); for other environments, the step signals of the verifier's
+    chain (format → ... → result), a step holding when it is True or a fraction of 1. Only a passing
+    verdict counts as all checks passed, so the bucket always agrees with ``passed``.
+    """
+    steps = reward["steps"]
+    if "tests_total" in steps:
+        return int(steps.get("tests_passed") or 0), int(steps.get("tests_total") or 0)
+    judged = [v for v in steps.values() if v is not None and not isinstance(v, str)]
+    total = max(1, len(judged))
+    if reward["passed"]:
+        return total, total
+    held = sum(1 for v in judged if v is True or (type(v) in (int, float) and v >= 1))
+    return min(held, total - 1), total
+
+
 def graded_row(sample: dict, reward: dict) -> dict:
     steps = reward["steps"]
-    passed, total = int(steps.get("tests_passed", 0)), int(steps.get("tests_total", 0))
+    passed, total = check_counts(reward)
+    chain = list(steps.values())  # form first (parses, valid JSON, format), then execution
     return {
         "sample_id": sample["sample_id"], "task_id": sample["task_id"], "env": sample["env"],
         "slice": sample["slice"], "kind": sample["kind"], "sample_index": sample["sample_index"],
         "completion": sample["completion"], "model_version": sample["model_version"],
         "prompt_tokens": sample["prompt_tokens"], "completion_tokens": sample["completion_tokens"],
         "finish_reason": sample["finish_reason"], "status": reward["status"], "feedback": reward["feedback"],
-        "parses": bool(steps.get("parses", False)), "runs": bool(steps.get("runs", False)),
+        "parses": bool(steps.get("parses", chain[0] if chain else False)),
+        "runs": bool(steps.get("runs", chain[1] if len(chain) > 1 else False)),
+        "failed_step": reward.get("failed_step") or "",
         "tests_passed": passed, "tests_total": total, "reward": reward["reward"],
         **{f"component_{name}": value for name, value in sorted(reward["components"].items())},
         "bucket": bucket_of(passed, total),

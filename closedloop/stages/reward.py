@@ -1,15 +1,16 @@
-"""Stage reward: every sample verified in the sandbox; components kept apart, then combined."""
+"""Stage reward: every sample verified by its environment (in the sandbox where it runs code);
+components kept apart, combined by the environment's weights, each sample naming its feedback sources."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
 
-from closedloop.envs import get_env
+from closedloop.envs import reward_weights
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.rewards.combine import combine
-from closedloop.rewards.sources import feedback_sources
-from closedloop.stages.common import StageContext, StageError, load_tasks, sandbox_pool
+from closedloop.rewards.sources import component_versions, feedback_sources
+from closedloop.stages.common import EnvPools, StageContext, StageError, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
@@ -22,33 +23,55 @@ def run(ctx: StageContext) -> dict:
     by_env: dict[str, list[dict]] = defaultdict(list)
     for sample in samples:
         by_env[sample["env"]].append(sample)
-    verdicts = {}
-    started = time.perf_counter()
-    with sandbox_pool(ctx.params) as pool:
+    verdicts, weights, versions, seconds = {}, {}, {}, {}
+    with EnvPools(ctx.params) as verifiers:
         for env_name, env_samples in sorted(by_env.items()):
-            env = get_env(env_name, ctx.params)
-            results = env.verify_batch([tasks[s["task_id"]] for s in env_samples],
-                                       [s["completion"] for s in env_samples], pool)
+            env = verifiers.env(env_name)
+            weights[env_name] = reward_weights(env, ctx.params)
+            versions[env_name] = component_versions(env, ctx.params)
+            started = time.perf_counter()
+            results = verifiers.verify_batch(env_name, [tasks[s["task_id"]] for s in env_samples],
+                                             [s["completion"] for s in env_samples])
+            seconds[env_name] = time.perf_counter() - started
             verdicts.update({s["sample_id"]: v for s, v in zip(env_samples, results)})
-    verify_s = time.perf_counter() - started
+        isolation = verifiers.isolation()
 
-    weights = ctx.params.reward.weights
     rows = []
     for sample in samples:
-        verdict = verdicts[sample["sample_id"]]
+        env_name, verdict = sample["env"], verdicts[sample["sample_id"]]
+        # The sources of this sample's reward: the verifier, each component that applied, the combiner.
+        applied = {f"component:{env_name}/{name}": versions[env_name][name]
+                   for name, value in verdict.components.items() if value is not None}
         rows.append({
-            "sample_id": sample["sample_id"], "task_id": sample["task_id"], "env": sample["env"],
+            "sample_id": sample["sample_id"], "task_id": sample["task_id"], "env": env_name,
             "status": verdict.status, "passed": verdict.passed, "feedback": verdict.feedback,
-            "components": verdict.components, "steps": verdict.steps,
-            "reward": round(combine(verdict.components, weights), 6),
-            "feedback_sources": [f"verifier:{sample['env']}", "combiner"],
+            "failed_step": verdict.failed_step, "components": verdict.components, "steps": verdict.steps,
+            "reward": round(combine(verdict.components, weights[env_name]), 6),
+            "feedback_sources": {f"verifier:{env_name}": sources[f"verifier:{env_name}"], **applied,
+                                 "combiner": sources["combiner"]},
         })
     write_jsonl(ctx.ws.rewards, rows)
-    rewards = [row["reward"] for row in rows]
     return {
         "verifications": len(rows),
-        "verifications_per_s": round(len(rows) / verify_s, 1) if verify_s else 0.0,
-        "status": dict(sorted(Counter(row["status"] for row in rows).items())),
-        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "verifications_per_s": {env: round(len(by_env[env]) / s, 1) if s else 0.0 for env, s in seconds.items()},
+        "status": dict(sorted(Counter(f"{row['env']}/{row['status']}" for row in rows).items())),
+        "reward_mean": _mean([row["reward"] for row in rows]),
+        "per_env": {env: _env_figures([r for r in rows if r["env"] == env]) for env in sorted(by_env)},
+        "isolation": isolation,
         "feedback_sources": sources,
     }
+
+
+def _env_figures(rows: list[dict]) -> dict:
+    """Pass rate, mean reward and the mean of each reward component (over samples where it applied)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        for name, value in row["components"].items():
+            if value is not None:
+                values[name].append(value)
+    return {"pass_rate": _mean([float(r["passed"]) for r in rows]), "reward_mean": _mean([r["reward"] for r in rows]),
+            "components": {name: _mean(v) for name, v in sorted(values.items())}}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

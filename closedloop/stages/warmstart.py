@@ -4,12 +4,14 @@ and measure it on the benchmark. Its result becomes the first champion."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 import tempfile
 from pathlib import Path
 
 from closedloop.envs import get_env
 from closedloop.io import write_json, write_jsonl
-from closedloop.stages.common import StageContext, load_tasks, sandbox_pool
+from closedloop.envs.taskfile import tasks_for
+from closedloop.stages.common import EnvPools, StageContext, env_mix, load_tasks
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -21,15 +23,15 @@ def run(ctx: StageContext) -> dict:
     from closedloop.training.causal_lm import Example, train_causal_lm
 
     params = ctx.params
-    env = get_env("code", params)
     # Seeds here ignore the iteration: the warm start is the same whichever iteration reruns it.
-    references = env.generate(params.warmstart.n_references, seed=params.stage_seed("references", False), split="train")
+    references = mixed_tasks(params, params.warmstart.n_references, "references")
     write_jsonl(ctx.ws.references, (
-        {"task_id": t.task_id, "kind": t.kind, "prompt": t.prompt, "completion": t.reference} for t in references
+        {"task_id": t.task_id, "env": t.env, "kind": t.kind, "prompt": t.prompt, "completion": t.reference}
+        for t in references
     ))
 
     with tempfile.TemporaryDirectory() as scratch:
-        base_dir = resolve_base_model(ctx, env, Path(scratch))
+        base_dir = resolve_base_model(ctx, Path(scratch))
         model, tokenizer = load_policy(base_dir)
     examples = [Example(prompt=t.prompt, completion=t.reference) for t in references]
     stats = train_causal_lm(
@@ -44,27 +46,39 @@ def run(ctx: StageContext) -> dict:
     shutil.rmtree(ctx.ws.warmstart_model, ignore_errors=True)
     staging.rename(ctx.ws.warmstart_model)
 
-    with sandbox_pool(params) as pool:
+    with EnvPools(params) as verifiers:
         evaluation = evaluate_policy(
             ctx.ws.warmstart_model, load_tasks(ctx.ws.benchmark_tasks), settings=params.sample,
             samples_per_task=params.evaluate.samples_per_task, seed=params.stage_seed("evaluate", False),
-            batch_size=params.evaluate.batch_size, env_for=lambda name: get_env(name, params), pool=pool,
-            progress=ctx.progress,
+            batch_size=params.evaluate.batch_size, verifiers=verifiers, progress=ctx.progress,
         )
     write_json(ctx.ws.warmstart_eval, evaluation)
     return {
         "base_model": params.model.name_or_path,
         "references": len(references),
+        "references_per_env": dict(sorted(Counter(t.env for t in references).items())),
         "train_steps": stats.steps,
         "train_tokens_per_s": round(stats.tokens_per_s, 1),
         "first_loss": stats.first_loss,
         "final_loss": stats.final_loss,
         "benchmark_pass@1": evaluation["summary"]["overall"]["pass@1"],
+        **{f"benchmark_pass@1/{name}": figures["pass@1"] for group in ("envs", "slices")
+           for name, figures in evaluation["summary"][group].items()},
         "model_version": evaluation["model_version"],
     }
 
 
-def resolve_base_model(ctx: StageContext, env, scratch: Path) -> Path | str:
+def mixed_tasks(params, total: int, purpose: str) -> list:
+    """``total`` training tasks over the active environments by share (their references are known good)."""
+    tasks = []
+    for name, count in env_mix(params, total).items():
+        env = get_env(name, params)
+        tasks += tasks_for(env, params.envs.section(name), count, seed=params.stage_seed(f"{purpose}/{name}", False),
+                           split="train")
+    return tasks
+
+
+def resolve_base_model(ctx: StageContext, scratch: Path) -> Path | str:
     """`builtin:tiny` is built here from params (no downloads); anything else is a local Hugging Face
     directory or a hub id, loaded as it is."""
     from closedloop.models.builtin import create_builtin
@@ -76,7 +90,6 @@ def resolve_base_model(ctx: StageContext, env, scratch: Path) -> Path | str:
         from closedloop.stages.common import StageError
 
         raise StageError(f"params.yaml model.name_or_path: unknown builtin {name!r}; the builtin is 'builtin:tiny'")
-    corpus_tasks = env.generate(ctx.params.warmstart.tokenizer_corpus_tasks,
-                                seed=ctx.params.stage_seed("tokenizer", False), split="train")
+    corpus_tasks = mixed_tasks(ctx.params, ctx.params.warmstart.tokenizer_corpus_tasks, "tokenizer")
     corpus = [t.prompt + t.reference for t in corpus_tasks]
     return create_builtin(ctx.params.model.builtin, corpus, scratch / "base", seed=ctx.params.stage_seed("init", False))

@@ -69,10 +69,25 @@ def test_samples_record_settings_model_version_and_tokens(done):
 
 
 def test_rewards_keep_components_and_steps(done):
-    for row in read_jsonl(done.rewards):
-        assert set(row["components"]) >= {"syntax", "runs", "tests_passed"}
-        assert {"parses", "runs", "tests_passed", "tests_total"} <= set(row["steps"])
-        assert 0.0 <= row["reward"] <= 1.0
+    from closedloop.config import BUILTIN_ENVS
+    from closedloop.envs import get_env
+
+    params = load_params(done.root)
+    rows = read_jsonl(done.rewards)
+    assert {row["env"] for row in rows} == set(BUILTIN_ENVS)  # the loop runs every environment
+    for row in rows:
+        env = get_env(row["env"], params)
+        assert set(row["components"]) == set(env.components)
+        if row["env"] == "code":
+            assert {"parses", "runs", "tests_passed", "tests_total"} <= set(row["steps"])
+        assert row["steps"] and 0.0 <= row["reward"] <= 1.0
+        assert (row["failed_step"] is None) == row["passed"] or row["status"] == "infra_error"
+        # every sample names its verifier, each component that applied and the combiner, with versions
+        sources = row["feedback_sources"]
+        assert f"verifier:{row['env']}" in sources and "combiner" in sources
+        applied = {name for name, value in row["components"].items() if value is not None}
+        assert {f"component:{row['env']}/{name}" for name in applied} <= set(sources)
+        assert all(len(version) == 12 for version in sources.values())
 
 
 def test_reference_solutions_score_full_reward(done):

@@ -13,7 +13,7 @@ from closedloop.envs import ENVIRONMENTS, get_env
 from closedloop.envs.base import Task
 from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark, same_value
 from closedloop.envs.code_tasks import FAMILIES
-from closedloop.sandbox import ExecResult, Limits, SandboxPool, to_plain
+from closedloop.sandbox import Limits, SandboxPool, to_plain
 from closedloop.sandbox.records import infra_error
 
 KINDS = sorted(FAMILIES)
@@ -32,8 +32,10 @@ def pool():
 
 @pytest.fixture(scope="module")
 def tasks(env) -> list[Task]:
-    """250 train + 100 benchmark tasks: every kind, both splits."""
-    return env.generate(250, seed=3, split="train") + env.generate(100, seed=3, split="benchmark")
+    """250 train + 100 benchmark tasks: every kind, both splits, every benchmark slice."""
+    return (env.generate(250, seed=3, split="train") + env.generate(60, seed=3, split="benchmark")
+            + env.generate(20, seed=3, split="benchmark", slice="edge")
+            + env.generate(20, seed=3, split="benchmark", slice="failure_modes"))
 
 
 def records(tasks: list[Task]) -> str:
@@ -61,14 +63,31 @@ class TestGenerate:
             chosen = [t for t in tasks if t.split == split]
             assert len({t.task_id for t in chosen}) == len(chosen)
             assert len({t.prompt for t in chosen}) == len(chosen)
-            assert set(Counter(t.kind for t in chosen).values()) == {len(chosen) // len(KINDS)}
+            per_kind = Counter(t.kind for t in chosen)
+            if split == "train":
+                assert set(per_kind.values()) == {len(chosen) // len(KINDS)}
+            else:  # a kind whose benchmark space runs out in a slice passes its turn on
+                assert set(per_kind) == set(KINDS) and min(per_kind.values()) >= len(chosen) // len(KINDS) // 2
+
+    def test_slices(self, env, tasks):
+        from closedloop.envs.code_tasks import is_failure_mode  # noqa: F401 - the rule the slices follow
+
+        by_slice = Counter((t.split, t.slice) for t in tasks)
+        assert by_slice[("benchmark", "core")] == 60 and by_slice[("benchmark", "edge")] == 20
+        assert by_slice[("benchmark", "failure_modes")] == 20
+        assert by_slice[("train", "core")] and by_slice[("train", "failure_modes")]  # train mixes both
+        edge = [t for t in tasks if t.slice == "edge"]
+        # Edge tasks test the empty list, the empty string, zero and large magnitudes first.
+        firsts = {json.dumps(t.checks["calls"][0]) for t in edge}
+        assert firsts <= {"[[]]", "[0, 0]", '[""]', "[0]"}
 
     def test_task_shape(self, env, tasks):
         for task in tasks:
             comment, signature, rest = task.prompt.split("\n")
             assert comment.startswith("# Return ") and comment.endswith(".") and signature.startswith("def f(")
-            assert rest == "" and task.entry_point == "f" and task.slice == "core" and task.env == "code"
-            assert re.fullmatch(rf"code/{task.split}/[0-9a-f]{{10}}", task.task_id)
+            assert rest == "" and task.entry_point == "f" and task.env == "code"
+            assert task.slice in ("core", "edge", "failure_modes")
+            assert re.fullmatch(rf"code/{task.split}/(edge/)?[0-9a-f]{{10}}", task.task_id)
             assert task.reference.startswith("    return ") and task.reference.endswith("\n")
             assert 1 <= task.reference.count("\n") <= 3 and len(task.reference) < 80
             assert len(task.checks["calls"]) == len(task.checks["expected"]) == env.params.tests_per_task
@@ -222,8 +241,8 @@ class TestRegistry:
         params = Params.model_validate({"envs": {"code": {"tests_per_task": 3}}})
         env = get_env("code", params)
         assert isinstance(env, CodeEnv) and env.params.tests_per_task == 3
-        assert set(ENVIRONMENTS) == {"code"}
+        assert set(ENVIRONMENTS) == {"code", "data", "script", "extract", "rules"}
 
     def test_unknown_env_is_named(self):
-        with pytest.raises(ValueError, match="unknown environment 'chess'; known: \\['code'\\]"):
+        with pytest.raises(ValueError, match="unknown environment 'chess'; known: \\['code', 'data'"):
             get_env("chess", Params())

@@ -15,7 +15,10 @@ class TestParse:
             ({"sample": {"k": "eight"}}, "sample.k"),  # wrong type
             ({"sample": {"k": 0}}, "sample.k"),  # out of range
             ({"model": {"builtin": {"hidden_size": 30, "num_heads": 4}}}, "model.builtin.hidden_size (30)"),
-            ({"reward": {"weights": {"speed": 1.0}}}, "unknown components ['speed']"),
+            ({"reward": {"weights": {"speed": 1.0}}}, "reward.weights: unknown key"),  # weights are per environment now
+            ({"envs": {"code": {"weights": {"syntax": 1.0, "runs": -1.0}}}}, "weights must not be negative"),
+            ({"envs": {"custom": {"code": {"entry": "m:C"}}}}, "built-in environment names"),
+            ({"envs": {"custom": {"mine": {}}}}, "envs.custom.mine.entry"),
             ([1, 2], "expected a mapping"),
         ],
     )

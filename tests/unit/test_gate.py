@@ -36,6 +36,7 @@ class TestSummarize:
         assert result["overall"]["pass@1"] == pytest.approx(0.5)
         assert result["slices"]["code/core"]["pass@1"] == pytest.approx(0.5)
         assert result["slices"]["code/edge"] == {"pass@1": 0.5, "se": 0.0, "tasks": 1}
+        assert result["envs"]["code"]["pass@1"] == pytest.approx(0.5) and result["envs"]["code"]["tasks"] == 3
 
 
 class TestDecide:
@@ -61,3 +62,22 @@ class TestDecide:
     def test_min_improvement(self):
         decision = decide(summary(0.30, {}), summary(0.32, {}), min_improvement=0.05, slice_tolerance=0.05)
         assert not decision.promote
+
+    def test_an_environment_that_regressed_blocks(self):
+        champion = {**summary(0.3, {"code/core": 0.3}), "envs": {"code": {"pass@1": 0.3, "se": 0.0}, "rules": {"pass@1": 0.6, "se": 0.0}}}
+        candidate = {**summary(0.4, {"code/core": 0.4}), "envs": {"code": {"pass@1": 0.5, "se": 0.0}, "rules": {"pass@1": 0.4, "se": 0.0}}}
+        decision = decide(champion, candidate, min_improvement=0.0, slice_tolerance=0.05)
+        assert not decision.promote and any(r.startswith("slice rules regressed -0.200") for r in decision.reasons)
+
+    def test_noise_widens_the_tolerance_only_by_the_standard_errors(self):
+        def noisy(overall, value, se):
+            return {"overall": {"pass@1": overall, "se": 0.0}, "slices": {"code/edge": {"pass@1": value, "se": se}}}
+
+        # -0.10 on a slice whose standard errors are 0.08 each: within 2 SE of the difference (0.226)
+        decision = decide(noisy(0.3, 0.5, 0.08), noisy(0.4, 0.4, 0.08), min_improvement=0.0, slice_tolerance=0.05,
+                          noise_z=2.0)
+        assert decision.promote and any("within 2.0 standard errors (0.226)" in r for r in decision.reasons)
+        # the same drop measured precisely is a regression
+        decision = decide(noisy(0.3, 0.5, 0.01), noisy(0.4, 0.4, 0.01), min_improvement=0.0, slice_tolerance=0.05,
+                          noise_z=2.0)
+        assert not decision.promote and any("beyond slice_tolerance 0.05" in r for r in decision.reasons)

@@ -1,0 +1,371 @@
+"""The data environment: a generated CSV and a request; the model writes pandas code returning a table.
+
+The prompt names the columns of data.csv (and other.csv for joins), shows two rows and the request,
+and opens ``def solve(df):``. The sandboxed program is prompt + completion + a driver appended here
+(after the completion, so the model cannot define it first): it reads the CSV files, calls
+``solve`` and returns the table as plain data (columns, a dtype kind per column, rows with NaN as
+None). The expected table is the generator's own reference run in this process on the same CSV,
+read back through the same conversion. The verifier compares schema (column names and order, dtype
+kinds), then cells (row-aligned by the task's order rule, floats within a tolerance); partial credit
+is the fraction of expected cells matched, with extra and missing rows counted against it.
+
+Splits are disjoint by operation: a task's key is the hash of its schema and reference code (not of
+its data or wording), so the benchmark holds operations that training never shows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from difflib import SequenceMatcher
+from typing import TYPE_CHECKING, Any, Callable
+
+from closedloop.envs.base import Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
+from closedloop.sandbox.records import ExecResult, Job
+
+if TYPE_CHECKING:
+    from closedloop.config import DataEnvParams
+    from closedloop.sandbox.pool import SandboxPool
+
+ENTRY_POINT = "solve"
+FLOAT_TOL = 1e-6  # relative and absolute: pandas may sum in another order than the model's code
+_DRAWS_PER_TASK = 30  # tables drawn for one spec before the spec is skipped (a family's accept rejects them)
+STEPS = ("parses", "runs", "schema_matches", "values_match")
+_SHOWN = 60  # characters of a cell or column list a feedback message quotes
+
+# Appended after the completion. Names start with _closedloop_ so a model's code will not collide with
+# them, and come last so the model cannot redefine them. _closedloop_table also runs in this process
+# (on the trusted reference's output), so both sides read tables the same way.
+DRIVER = '''
+
+def _closedloop_cell(value):
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        return None if value != value else value
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        value = item()
+        kind = type(value)
+        if value is None or kind is bool or kind is int or kind is str:
+            return value
+        if kind is float:
+            return None if value != value else value
+    return "<" + type(value).__name__ + ">"
+
+
+def _closedloop_kind(column, pd):
+    dtype = column.dtype
+    if pd.api.types.is_bool_dtype(dtype):
+        return "bool"
+    if pd.api.types.is_integer_dtype(dtype):
+        return "int"
+    if pd.api.types.is_float_dtype(dtype):
+        return "float"
+    if isinstance(dtype, pd.StringDtype):
+        return "str"
+    # An object column of strings (pandas 2's default); one with no values at all counts as str too, as
+    # pandas 2 leaves an emptied text column (pandas 3 keeps its str dtype).
+    if dtype == object and all(type(v) is str for v in column.dropna().tolist()):
+        return "str"
+    return "other"
+
+
+def _closedloop_table(out):
+    import pandas as pd
+    if isinstance(out, pd.Series):
+        out = out.to_frame()
+    if not isinstance(out, pd.DataFrame):
+        return {"error": "solve returned " + type(out).__name__ + ", not a DataFrame"}
+    kinds = [_closedloop_kind(out.iloc[:, i], pd) for i in range(out.shape[1])]
+    cells = out.astype(object).where(pd.notna(out), None).values.tolist()
+    rows = [[_closedloop_cell(v) for v in row] for row in cells]
+    return {"columns": [str(c) for c in out.columns], "dtypes": kinds, "rows": rows}
+
+
+def _closedloop_main(*names):
+    import pandas as pd
+    return _closedloop_table(solve(*[pd.read_csv(name) for name in names]))
+'''
+DRIVER_ENTRY = "_closedloop_main"
+
+
+class DataEnv:
+    name = "data"
+    uses_sandbox = True
+    sandbox_preload: tuple[str, ...] = ("pandas",)
+    components = ("syntax", "runs", "schema", "values")
+    default_weights = {"syntax": 0.1, "runs": 0.1, "schema": 0.2, "values": 0.6}
+
+    def __init__(self, params: DataEnvParams) -> None:
+        self.params = params
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
+        """``n`` distinct tasks of ``split``: families in round robin, each family's operations in a
+        seeded order; a family whose operations run out drops out of the rotation."""
+        check_split(self.name, split, slice, n)
+        families = [f for f in FAMILIES if split == "train" or f.slice == slice]
+        rng = random.Random(f"data/{split}/{'' if split == 'train' else slice}/{seed}")
+        queues = {f.kind: _operations(f, split, rng) for f in families}
+        seen: set[str] = set()
+        tasks: list[Task] = []
+        while len(tasks) < n:
+            active = [f for f in families if queues[f.kind]]
+            if not active:
+                raise ValueError(f"data env: only {len(tasks)} distinct {split} tasks of "
+                                 f"{[f.kind for f in families]} exist; ask for fewer than {n}")
+            for family in active:
+                if len(tasks) == n:
+                    break
+                while queues[family.kind]:
+                    key, spec = queues[family.kind].pop()
+                    task = None if key in seen else _build(family, spec, key, split)
+                    if task is not None:
+                        seen.add(key)
+                        tasks.append(task)
+                        break
+        return tasks
+
+    @staticmethod
+    def reference(task: Task) -> str:
+        return task.reference
+
+    # -- verification ----------------------------------------------------------------------------
+
+    def verify(self, task: Task, completion: str, pool: SandboxPool | None = None) -> Verdict:
+        return self.verify_batch([task], [completion], pool)[0]
+
+    def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
+        """One sandbox job per completion; never raises on bad code."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"data env: {len(tasks)} tasks but {len(completions)} completions")
+        results = pool.run([job_for(t, c) for t, c in zip(tasks, completions)])
+        return [judge(task, result, pool.limits) for task, result in zip(tasks, results)]
+
+    def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
+        config = {"driver": DRIVER, "float_tol": FLOAT_TOL}
+        return {"syntax": (judge, config), "runs": (judge, config),
+                "schema": (compare_tables, config), "values": (compare_tables, config)}
+
+
+# -- building a task -----------------------------------------------------------------------------
+
+
+def _operations(family: Family, split: str, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
+    """(key, spec) of the family's operations in ``split``, in a seeded order (popped from the end)."""
+    pairs = [(operation_key(spec), spec) for spec in family.specs()]
+    pairs = [(key, spec) for key, spec in pairs if in_benchmark(key) == (split == "benchmark")]
+    rng.shuffle(pairs)
+    return pairs[::-1]
+
+
+def operation_key(spec: dict[str, Any]) -> str:
+    """What a task asks, as a hash: its schema and reference code (the same whatever family drew it)."""
+    return stable_hash({"schema": spec["schema"], "code": render(spec)[1]})
+
+
+def _prompt(tables: Tables, request: str) -> str:
+    lines = ["import pandas as pd"]
+    for file, variable in (("data.csv", "df"), ("other.csv", "other")):
+        if file in tables:
+            columns, rows = tables[file]
+            lines.append(f'# {variable} = pd.read_csv("{file}"), e.g.')
+            lines += ["# " + line for line in to_csv(columns, rows[:2 if file == "data.csv" else 1]).splitlines()]
+    lines.append(f"# Task: {request}")
+    lines.append(f"def {ENTRY_POINT}({', '.join(['df', 'other'][:len(tables)])}):")
+    return "\n".join(lines) + "\n"
+
+
+def _build(family: Family, spec: dict[str, Any], key: str, split: str) -> Task | None:
+    """The task of one operation, its tables drawn from an rng seeded by its key (None: no table fits)."""
+    schema = SCHEMAS[spec["schema"]]
+    request, expression, order = render(spec)
+    reference = f"    return {expression}\n"
+    rng = random.Random(key)
+    for _ in range(_DRAWS_PER_TASK):
+        tables = make_tables(family.kind, spec, schema, rng)
+        files = {file: to_csv(*table) for file, table in tables.items()}
+        prompt = _prompt(tables, request)
+        expected = _run_trusted(prompt + reference, files)
+        if family.accept(spec, expected["rows"], len(tables["data.csv"][1])):
+            break
+    else:
+        return None
+    return Task(
+        task_id=f"data/{split}/{family.slice}/{key[:12]}",
+        env="data",
+        split=split,
+        slice=family.slice,
+        kind=family.kind,
+        prompt=prompt,
+        entry_point=ENTRY_POINT,
+        checks={"files": files, "args": sorted(files), "expected": expected, "order": order, "float_tol": FLOAT_TOL,
+                "spec": spec},
+        reference=reference,
+    )
+
+
+def _run_trusted(program: str, files: dict[str, str]) -> dict[str, Any]:
+    # Only ever called on the generator's own references, never on model output.
+    import pandas as pd
+
+    namespace: dict[str, Any] = {"__name__": "closedloop_reference"}
+    exec(compile(program + DRIVER, "<reference>", "exec"), namespace)  # noqa: S102 - trusted generator output
+    frames = [pd.read_csv(io.StringIO(files[name])) for name in sorted(files)]
+    table = namespace["_closedloop_table"](namespace[ENTRY_POINT](*frames))
+    return json.loads(json.dumps(table, allow_nan=False))  # plain JSON, as stored
+
+
+# -- verification --------------------------------------------------------------------------------
+
+
+def job_for(task: Task, completion: str) -> Job:
+    # The completion may end mid-line; the newline keeps the driver's first def at column 0.
+    program = task.prompt + completion + "\n" + DRIVER
+    return Job(program, DRIVER_ENTRY, calls=[list(task.checks["args"])], files=dict(task.checks["files"]))
+
+
+def _verdict(status: str, feedback: str, failed: str | None, parses: bool = False, runs: bool = False,
+             schema: bool = False, values: float = 0.0, timing: dict[str, float] | None = None) -> Verdict:
+    return Verdict(
+        components={"syntax": float(parses), "runs": float(runs), "schema": float(schema), "values": values},
+        steps={"parses": parses, "runs": runs, "schema_matches": schema, "values_match": values},
+        passed=failed is None, feedback=feedback, status=status, timing=timing or {}, failed_step=failed,
+    )
+
+
+def judge(task: Task, result: ExecResult, limits: Any) -> Verdict:
+    """The verdict on one sandbox result: parses -> runs -> schema_matches -> values_match."""
+    timing = {"wall_s": result.wall_s}
+    if result.status == "infra_error":
+        return not_judged(DataEnv.components, STEPS, result.error)
+    parses = bool(result.steps.get("parses"))
+    if result.status == "error" and not parses:
+        return _verdict("syntax_error", f"step parses: {result.error}", "parses", timing=timing)
+    if result.status != "completed" or not result.outputs or not result.outputs[0].ok:
+        status, what = _failure(result, limits)
+        return _verdict(status, f"step runs: {what}", "runs", parses=True, timing=timing)
+    checks = task.checks
+    got = _as_table(result.outputs[0].value)
+    schema_error, values, values_error = compare_tables(checks["expected"], got, checks["order"], checks["float_tol"])
+    if schema_error:
+        return _verdict("failed", f"step schema: {schema_error}", "schema_matches", True, True, False, values, timing)
+    if values_error or values < 1.0:
+        feedback = f"step values: {values_error or 'some cells differ'}"
+        return _verdict("failed", feedback, "values_match", True, True, True, values, timing)
+    rows = len(checks["expected"]["rows"])
+    return _verdict("passed", f"passed: all {rows} rows match", None, True, True, True, 1.0, timing)
+
+
+def _failure(result: ExecResult, limits: Any) -> tuple[str, str]:
+    """(verdict status, what went wrong) for a program that did not return a table."""
+    if result.status == "timeout":
+        return "timeout", f"timed out after {limits.timeout_s}s"
+    if result.status == "memory":
+        return "memory", f"exceeded the memory limit ({limits.memory_mb} MB)"
+    if result.status == "output_limit":
+        return "runtime_error", f"printed or returned more than {limits.max_output_bytes} bytes"
+    if result.status == "completed" and result.outputs:
+        return "runtime_error", f"solve raised {result.outputs[0].error}"
+    return "runtime_error", result.error or f"the program ended early ({result.status})"
+
+
+_CELL_TYPES = (type(None), bool, int, float, str)
+_MISSING = object()  # a cell of an expected column the result lacks
+
+
+def _as_table(value: Any) -> dict[str, Any] | str:
+    """The driver's table, checked cell by cell (the model's code could have patched pandas), or an error."""
+    if type(value) is dict and set(value) == {"error"} and type(value["error"]) is str:
+        return value["error"]
+    if type(value) is not dict or set(value) != {"columns", "dtypes", "rows"}:
+        return "solve's result could not be read as a table"
+    columns, dtypes, rows = value["columns"], value["dtypes"], value["rows"]
+    if type(columns) is not list or type(dtypes) is not list or type(rows) is not list or len(dtypes) != len(columns):
+        return "solve's result could not be read as a table"
+    well_formed = all(type(c) is str for c in columns + dtypes) and all(
+        type(r) is list and len(r) == len(columns) and all(type(v) in _CELL_TYPES for v in r) for r in rows)
+    return value if well_formed else "solve's result could not be read as a table"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _same_cell(want: Any, got: Any, tol: float) -> bool:
+    if type(want) is bool or type(got) is bool or want is None or got is None:
+        return type(want) is type(got) and want == got
+    if type(want) in (int, float) and type(got) in (int, float):  # int vs float is the schema's business
+        return math.isclose(want, got, rel_tol=tol, abs_tol=tol)
+    return type(want) is type(got) and want == got
+
+
+_RANK = {type(None): 0, bool: 1, int: 2, float: 2, str: 3}
+
+
+def _row_key(row: list) -> tuple:
+    """A hashable, totally ordered key of a row; floats rounded so near-equal values sort and match together."""
+    return tuple((-1, 0) if v is _MISSING else (_RANK[type(v)], round(v, 6) if type(v) in (int, float) else v)
+                 for v in row)
+
+
+def compare_tables(expected: dict[str, Any], got: dict[str, Any] | str, order: str,
+                   tol: float) -> tuple[str, float, str]:
+    """(schema error or "", fraction of expected cells matched, first value error or "").
+
+    Cells are compared on the expected columns (found by name in ``got``), on rows aligned in the
+    order given (order "exact") or after sorting both sides (order "any"); the denominator is the
+    larger row count times the expected column count, so missing and extra rows both cost.
+    """
+    if isinstance(got, str):
+        return got, 0.0, got
+    columns = expected["columns"]
+    schema_error = ""
+    if got["columns"] != columns:
+        schema_error = f"columns {_short(got['columns'])} expected {_short(columns)}"
+    else:
+        for name, want, have in zip(columns, expected["dtypes"], got["dtypes"]):
+            if want != have:
+                schema_error = f"column {name!r} has dtype {have}, expected {want}"
+                break
+    where = [got["columns"].index(c) if c in got["columns"] else None for c in columns]
+    want_rows = expected["rows"]
+    have_rows = [[row[i] if i is not None else _MISSING for i in where] for row in got["rows"]]
+    if order == "any":
+        want_rows, have_rows = sorted(want_rows, key=_row_key), sorted(have_rows, key=_row_key)
+    matched, first = 0, ""
+    pairs = _aligned(want_rows, have_rows)
+    for i, j in pairs:
+        for name, want, have in zip(columns, want_rows[i], have_rows[j]):
+            if have is not _MISSING and _same_cell(want, have, tol):
+                matched += 1
+            elif not first and have is not _MISSING:
+                first = f"cell ({i}, {name!r}) is {_short(have)}, expected {_short(want)}"
+    if len(want_rows) != len(have_rows):
+        first = f"{len(have_rows)} rows, expected {len(want_rows)}"
+    elif not first and len(pairs) < len(want_rows):  # the same rows, in another order
+        i = min(set(range(len(want_rows))) - {i for i, _ in pairs})
+        first = f"row {i} {_short(want_rows[i])} is out of place"
+    total = max(len(want_rows), len(have_rows)) * len(columns)
+    fraction = matched / total if total else 1.0  # total 0: both sides have no rows
+    return schema_error, fraction, first or schema_error
+
+
+def _aligned(want_rows: list[list], have_rows: list[list]) -> list[tuple[int, int]]:
+    """(expected row, result row) pairs to compare: rows that match in sequence, and the rows between
+    them side by side, so one extra or missing row costs that row rather than every row after it."""
+    matcher = SequenceMatcher(None, [_row_key(r) for r in want_rows], [_row_key(r) for r in have_rows],
+                              autojunk=False)
+    pairs: list[tuple[int, int]] = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag in ("equal", "replace"):
+            pairs += zip(range(i1, i2), range(j1, j2))
+    return pairs
+

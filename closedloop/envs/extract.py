@@ -1,0 +1,162 @@
+"""The extract environment: read a short document, output its fields as one JSON object on one line.
+
+Generated documents (invoices, emails, log lines, contracts, orders) state some facts; the prompt lists
+the fields to extract with their types. The verifier is three rule validators in a row (reusable ones,
+from closedloop.rewards.validators): one JSON object → the schema (required fields, types,
+enumerations, numeric ranges, dates) → field-level precision and recall against the truth.
+
+A field the document does not give is typed "... or null" in the prompt and must be null: every
+listed field is required, so omitting it breaks the schema, while null and absent count the same
+for field precision / recall.
+
+Splits are disjoint by construction: a task belongs to the benchmark iff the hash of its family and
+facts (not its wording) falls in the benchmark bucket of base.in_benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import TYPE_CHECKING, Any, Callable
+
+from closedloop.envs.base import Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.extract_tasks import FAMILIES, Field
+from closedloop.rewards.validators import check_schema, field_scores, parse_json
+
+if TYPE_CHECKING:
+    from closedloop.config import ExtractEnvParams
+
+COMPONENTS = ("format", "schema", "fields")
+STEPS = ("valid_json", "schema_valid", "field_precision", "field_recall")
+NUMERIC_TOLERANCE = 1e-6  # numbers must be exact; the tolerance only absorbs float noise (1224.50 vs 1224.5)
+_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say a family's space is exhausted
+
+
+def json_schema(fields: list[Field]) -> dict:
+    """The JSON schema (validators.check_schema's subset) of a field list: every field required, no others."""
+    properties = {}
+    for name, kind, options in fields:
+        prop: dict[str, Any] = {"type": {"date": "string", "enum": "string"}.get(kind, kind)}
+        if kind == "date":
+            prop["format"] = "date"
+        if kind == "enum":
+            prop["enum"] = list(options["values"])
+        prop.update({k: options[k] for k in ("minimum", "maximum") if k in options})
+        if options.get("nullable"):
+            prop["type"] = [prop["type"], "null"]
+        properties[name] = prop
+    return {"type": "object", "properties": properties, "required": [name for name, _, _ in fields],
+            "additionalProperties": False}
+
+
+def field_line(fields: list[Field]) -> str:
+    """The prompt's compact schema: ``vendor (string), total (number >=0), currency (EUR|USD|GBP)``."""
+    parts = []
+    for name, kind, options in fields:
+        if kind == "enum":
+            text = "|".join(options["values"])
+        elif kind == "date":
+            text = "date YYYY-MM-DD"
+        elif "minimum" in options and "maximum" in options:
+            text = f"{kind} {options['minimum']}-{options['maximum']}"
+        elif "minimum" in options:
+            text = f"{kind} >={options['minimum']}"
+        else:
+            text = kind
+        parts.append(f"{name} ({text}{' or null' if options.get('nullable') else ''})")
+    return "Fields: " + ", ".join(parts)
+
+
+class ExtractEnv:
+    name = "extract"
+    uses_sandbox = False
+    sandbox_preload: tuple[str, ...] = ()
+    components = COMPONENTS
+    # Valid JSON is cheap to learn and says little; getting the values right is the task.
+    default_weights = {"format": 0.1, "schema": 0.3, "fields": 0.6}
+
+    def __init__(self, params: ExtractEnvParams) -> None:
+        self.params = params
+
+    def component_sources(self) -> dict[str, tuple[Callable, Any]]:
+        return {"format": (parse_json, {}), "schema": (check_schema, {}),
+                "fields": (field_scores, {"numeric_tolerance": NUMERIC_TOLERANCE})}
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
+        """``n`` distinct tasks of ``split``, the same for the same arguments; families in round robin.
+
+        Train mixes every family (each task tagged with its family's slice); the benchmark draws only
+        the families of ``slice``.
+        """
+        check_split(self.name, split, slice, n)
+        chosen = [f for f in FAMILIES.values() if split == "train" or f.slice == slice]
+        rng = random.Random(f"{self.name}/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
+        seen: set[str] = set()
+        tasks = []
+        for index in range(n):
+            family = chosen[index % len(chosen)]
+            for _ in range(_MAX_DRAWS_PER_TASK):
+                facts = family.sample(rng)
+                key = stable_hash([self.name, family.name, facts])
+                if key not in seen and in_benchmark(key) == (split == "benchmark"):
+                    seen.add(key)
+                    tasks.append(self._build(family.name, facts, key, split))
+                    break
+            else:
+                raise ValueError(f"extract env: drew {_MAX_DRAWS_PER_TASK} {family.name!r} facts without a new "
+                                 f"{split} task after {index} tasks; the space is nearly exhausted, ask for fewer than {n}")
+        return tasks
+
+    def _build(self, kind: str, facts: dict, key: str, split: str) -> Task:
+        family = FAMILIES[kind]
+        document, fields, truth = family.render(facts, random.Random(key))  # wording follows from the facts
+        return Task(
+            task_id=f"{self.name}/{split}/{family.slice}/{key[:10]}",
+            env=self.name,
+            split=split,
+            slice=family.slice,
+            kind=kind,
+            prompt=f"Document:\n{document}\n{field_line(fields)}\nJSON:\n",
+            entry_point="",
+            checks={"schema": json_schema(fields), "truth": truth},
+            reference=json.dumps(truth, ensure_ascii=False) + "\n",
+        )
+
+    @staticmethod
+    def reference(task: Task) -> str:
+        return task.reference
+
+    # -- verification ----------------------------------------------------------------------------
+
+    def verify(self, task: Task, completion: str, pool: Any = None) -> Verdict:
+        return self.verify_batch([task], [completion], pool)[0]
+
+    def verify_batch(self, tasks: list[Task], completions: list[str], pool: Any = None) -> list[Verdict]:
+        """valid JSON → schema → field precision / recall; never raises on bad output."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"extract env: {len(tasks)} tasks but {len(completions)} completions")
+        return [self._judge(task, completion) for task, completion in zip(tasks, completions)]
+
+    @staticmethod
+    def _judge(task: Task, completion: str) -> Verdict:
+        value, error = parse_json(completion)
+        if value is None:
+            return Verdict(components={name: 0.0 for name in COMPONENTS},
+                           steps={"valid_json": False, "schema_valid": False, "field_precision": 0.0, "field_recall": 0.0},
+                           passed=False, feedback=f"valid_json: {error}", status="format_error", failed_step="valid_json")
+        schema = check_schema(value, task.checks["schema"])
+        fields = field_scores(value, task.checks["truth"], numeric_tolerance=NUMERIC_TOLERANCE)
+        steps = {"valid_json": True, "schema_valid": schema.score == 1.0,
+                 "field_precision": fields.precision, "field_recall": fields.recall}
+        failed_step = next((name for name in STEPS[1:] if steps[name] < 1), None)
+        passed = failed_step is None
+        if passed:
+            feedback = f"all {len(task.checks['truth'])} fields right"
+        elif failed_step == "schema_valid":
+            feedback = f"schema: {schema.message}"
+        else:
+            feedback = f"fields: {fields.message}"
+        return Verdict(components={"format": 1.0, "schema": schema.score, "fields": fields.f1}, steps=steps,
+                       passed=passed, feedback=feedback, status="passed" if passed else "failed", failed_step=failed_step)

@@ -1,0 +1,217 @@
+"""The rules environment: apply an explicit rule set to a case, showing each rule's conclusion and the decision.
+
+The prompt lists 2-4 numbered rules (a condition on the case's attributes → an outcome), how they
+combine (the first that applies, in the listed or a stated priority order; else a default) and the
+case. The completion answers, one line each::
+
+    R1: yes
+    R2: no
+    decision: approve
+
+The verifier's rule engine derives the true chain from the structured spec kept in the task's
+checks (rules_tasks describes it); it evaluates data and never evals text. Steps: format → each
+rule's conclusion → the decision. Splits are disjoint by construction: a task belongs to the
+benchmark iff the hash of its family and spec falls in base.in_benchmark's bucket.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from closedloop.envs.base import Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.rules_tasks import FAMILIES, render_prompt
+from closedloop.rewards.validators import match_format
+
+if TYPE_CHECKING:
+    from closedloop.config import RulesEnvParams
+
+COMPONENTS = ("format", "steps", "decision")
+RULE_LINE = "{id}: (yes|no)"
+DECISION_LINE = r"decision: (\S+)"
+_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say a family's space is exhausted
+
+
+class Chain(NamedTuple):
+    conclusions: tuple[bool, ...]  # whether each rule applies, in listing order
+    reasons: tuple[str, ...]  # why, e.g. "income 52000 >= 50000"
+    decision: str
+    decision_reason: str
+
+
+class RuleEngine:
+    """Derives whether each rule applies, and the decision, from a rule spec (see rules_tasks)."""
+
+    COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+        ">=": lambda a, b: a >= b, ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+    }
+
+    @staticmethod
+    def word(truth: bool) -> str:
+        return "yes" if truth else "no"
+
+    @classmethod
+    def attributes(cls, cond: dict) -> list[str]:
+        if "not" in cond:
+            return cls.attributes(cond["not"])
+        if "all" in cond or "any" in cond:
+            return [name for part in cond.get("all", cond.get("any")) for name in cls.attributes(part)]
+        return [cond["attr"]]
+
+    @classmethod
+    def holds(cls, cond: dict, case: dict) -> tuple[bool, str]:
+        """(whether ``cond`` holds for ``case``, the comparison(s) that settle it)."""
+        if "not" in cond:
+            truth, reason = cls.holds(cond["not"], case)
+            return not truth, reason
+        if "all" in cond or "any" in cond:
+            want_all = "all" in cond
+            results = [cls.holds(part, case) for part in cond["all" if want_all else "any"]]
+            deciding = [reason for truth, reason in results if truth != want_all]
+            if deciding:  # one false part sinks "all"; one true part carries "any"
+                return not want_all, deciding[0]
+            return want_all, " and ".join(reason for _, reason in results)
+        name, op, value = cond["attr"], cond["op"], cond["value"]
+        actual = case[name]
+        if op in cls.COMPARE:
+            truth = cls.COMPARE[op](actual, value)
+            return truth, f"{name} {actual} {'' if truth else 'is not '}{op} {value}"
+        if op == "is":
+            return actual == value, f"{name} is {cls.word(actual)}"
+        if op == "=":
+            return actual == value, f"{name} is {actual}" + ("" if actual == value else f", not {value}")
+        if op == "in":
+            truth = actual in value
+            return truth, f"{name} {actual} is {'' if truth else 'not '}in ({', '.join(value)})"
+        raise ValueError(f"rules env: unknown operator {op!r} in {cond}")
+
+    @classmethod
+    def evaluate(cls, spec: dict) -> Chain:
+        case = spec["case"]
+        conclusions, reasons = [], []
+        for rule in spec["rules"]:
+            missing = [name for name in cls.attributes(rule["if"]) if case.get(name) is None]
+            if missing:  # the rule says what a missing value means; unsaid, a rule on it does not apply
+                truth = bool(rule.get("missing", False))
+                reason = f"{missing[0]} is ?, and the rule says {rule['id']} is {cls.word(truth)}"
+            else:
+                truth, reason = cls.holds(rule["if"], case)
+            conclusions.append(truth)
+            reasons.append(reason)
+        applies = {rule["id"]: truth for rule, truth in zip(spec["rules"], conclusions)}
+        then = {rule["id"]: rule["then"] for rule in spec["rules"]}
+        listed = [rule["id"] for rule in spec["rules"]]
+        order = spec.get("order", listed)
+        first = next((rule_id for rule_id in order if applies[rule_id]), None)
+        in_order = "" if order == listed else f" in the order {', '.join(order)}"
+        if first is None:
+            decision, why = spec["default"], f"no rule applies, so the default {spec['default']}"
+        else:
+            decision, why = then[first], f"{first} is the first rule that applies{in_order}"
+        return Chain(tuple(conclusions), tuple(reasons), decision, why)
+
+
+class RulesEnv:
+    name = "rules"
+    uses_sandbox = False
+    sandbox_preload: tuple[str, ...] = ()
+    components = COMPONENTS
+    # The decision is what matters; the intermediate conclusions are the process reward that gets it there.
+    default_weights = {"format": 0.1, "steps": 0.4, "decision": 0.5}
+
+    def __init__(self, params: RulesEnvParams) -> None:
+        self.params = params
+
+    def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
+        lines = {"rule_line": RULE_LINE, "decision_line": DECISION_LINE}
+        return {"format": (match_format, lines), "steps": (RuleEngine, lines), "decision": (RuleEngine, lines)}
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
+        """``n`` distinct tasks of ``split``, the same for the same arguments; families in round robin.
+
+        Train mixes every family (each task tagged with its family's slice); the benchmark draws only
+        the families of ``slice``.
+        """
+        check_split(self.name, split, slice, n)
+        chosen = [f for f in FAMILIES.values() if split == "train" or f.slice == slice]
+        rng = random.Random(f"{self.name}/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
+        seen: set[str] = set()
+        tasks = []
+        for index in range(n):
+            family = chosen[index % len(chosen)]
+            for _ in range(_MAX_DRAWS_PER_TASK):
+                spec = family.sample(rng)
+                if spec is None:
+                    continue
+                key = stable_hash([self.name, family.name, spec])
+                if key in seen or in_benchmark(key) != (split == "benchmark"):
+                    continue
+                chain = RuleEngine.evaluate(spec)
+                if family.accept(spec, list(chain.conclusions)):
+                    seen.add(key)
+                    tasks.append(self._build(family.name, spec, chain, key, split))
+                    break
+            else:
+                raise ValueError(f"rules env: drew {_MAX_DRAWS_PER_TASK} {family.name!r} specs without a new "
+                                 f"{split} task after {index} tasks; the space is nearly exhausted, ask for fewer than {n}")
+        return tasks
+
+    def _build(self, kind: str, spec: dict, chain: Chain, key: str, split: str) -> Task:
+        family = FAMILIES[kind]
+        answers = [f"{rule['id']}: {RuleEngine.word(truth)}" for rule, truth in zip(spec["rules"], chain.conclusions)]
+        return Task(
+            task_id=f"{self.name}/{split}/{family.slice}/{key[:10]}",
+            env=self.name,
+            split=split,
+            slice=family.slice,
+            kind=kind,
+            prompt=render_prompt(spec),
+            entry_point="",
+            checks={"spec": spec},
+            reference="\n".join(answers + [f"decision: {chain.decision}"]) + "\n",
+        )
+
+    @staticmethod
+    def reference(task: Task) -> str:
+        return task.reference
+
+    # -- verification ----------------------------------------------------------------------------
+
+    def verify(self, task: Task, completion: str, pool: Any = None) -> Verdict:
+        return self.verify_batch([task], [completion], pool)[0]
+
+    def verify_batch(self, tasks: list[Task], completions: list[str], pool: Any = None) -> list[Verdict]:
+        """format → each rule's conclusion → the decision; never raises on bad output."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"rules env: {len(tasks)} tasks but {len(completions)} completions")
+        return [self._judge(task, completion) for task, completion in zip(tasks, completions)]
+
+    @staticmethod
+    def _judge(task: Task, completion: str) -> Verdict:
+        spec = task.checks["spec"]
+        ids = [rule["id"] for rule in spec["rules"]]
+        chain = RuleEngine.evaluate(spec)
+        form = match_format(completion, [RULE_LINE.format(id=re.escape(i)) for i in ids] + [DECISION_LINE])
+        if form.score < 1.0:
+            return Verdict(components={name: 0.0 for name in COMPONENTS},
+                           steps={"format_ok": False, **{i: False for i in ids}, "decision": False}, passed=False,
+                           feedback=f"format: {form.message}", status="format_error", failed_step="format_ok")
+        answers = [groups[0] == "yes" for groups in form.groups[:-1]]
+        decision = form.groups[-1][0]
+        right = [answer == truth for answer, truth in zip(answers, chain.conclusions)]
+        steps = {"format_ok": True, **dict(zip(ids, right)), "decision": decision == chain.decision}
+        wrong = next((index for index, ok in enumerate(right) if not ok), None)
+        if wrong is not None:
+            failed_step = ids[wrong]
+            feedback = f"{ids[wrong]} is {RuleEngine.word(chain.conclusions[wrong])}: {chain.reasons[wrong]}"
+        elif not steps["decision"]:
+            failed_step, feedback = "decision", f"decision is {chain.decision}, not {decision}: {chain.decision_reason}"
+        else:
+            failed_step, feedback = None, f"all {len(ids)} rules and the decision right"
+        passed = failed_step is None
+        return Verdict(components={"format": 1.0, "steps": sum(right) / len(right), "decision": float(steps["decision"])},
+                       steps=steps, passed=passed, feedback=feedback, status="passed" if passed else "failed",
+                       failed_step=failed_step)

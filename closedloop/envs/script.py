@@ -1,0 +1,217 @@
+"""The script environment: write a short Python script that reshapes a small file tree.
+
+The prompt lists the starting files and states a goal (rename, move, filter lines, count log lines
+into a report, concatenate, delete, append, copy); the policy continues it with a script. The script
+runs in the sandbox, in a job directory holding the starting files, with exec allowed (scripts may
+run programs through subprocess); the sandbox reports the resulting tree and the verifier diffs it
+with the expected one, which script_tasks computed from the spec in plain Python.
+
+Steps, in order: parses → exits_cleanly (ran to its end or sys.exit(0)) → files_match (the fraction
+of paths in the expected and resulting trees that are right), then one ``file:<path>`` step per path
+in either tree, sorted: True where the file is as expected, False where it differs, is missing or
+should not be there. A task passes when every path matches.
+
+Splits are disjoint by construction: a task belongs to the benchmark iff the hash of what it asks
+falls in base's fixed bucket. What it asks is all the prompt says: the operation, its arguments and
+the starting file names. File contents are hidden test data (the same script must handle any), so two
+tasks differing only in contents are one task, and never one in each split.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from closedloop.envs.base import SLICES, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
+from closedloop.sandbox.records import ExecResult, Job
+
+if TYPE_CHECKING:
+    from closedloop.config import ScriptEnvParams
+    from closedloop.sandbox.pool import SandboxPool
+
+COMPONENTS = ("syntax", "runs", "files")
+STEPS = ("parses", "exits_cleanly", "files_match")  # then "file:<path>" per path, sorted
+MAX_PROMPT_CHARS = 500  # the tiny policy's context is 512 tokens; its completion needs room too
+MAX_REFERENCE_CHARS = 200
+MAX_FILES = 6  # starting files per task: small trees the prompt can list
+_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before a family counts as exhausted
+_TEXT_CHARS = 60  # cap on one file's content quoted in feedback
+
+
+def _short(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= _TEXT_CHARS else shown[: _TEXT_CHARS - 4] + "...'"
+
+
+def compare_trees(expected: dict[str, str], got: dict[str, str]) -> tuple[dict[str, bool], str]:
+    """({path: matches} for every path of either tree, sorted; the first difference as feedback, "" if none).
+
+    Partial credit counts a file that should not be there like one that is wrong or missing, so a
+    script that leaves originals behind or copies instead of moving loses credit for each.
+    """
+    states: dict[str, bool] = {}
+    first = ""
+    for path in sorted(set(expected) | set(got)):
+        states[path] = path in expected and path in got and expected[path] == got[path]
+        if states[path] or first:
+            continue
+        if path not in got:
+            first = f"missing {path}"
+        elif path not in expected:
+            first = f"unexpected file {path}"
+        else:
+            first = f"{path}: content {_short(got[path])} expected {_short(expected[path])}"
+    return states, first
+
+
+def task_key(spec: dict[str, Any]) -> str:
+    """The hash of what a task asks: its operation, arguments and starting file names, not their contents."""
+    return stable_hash({"op": spec["op"], "args": spec["args"], "paths": sorted(spec["start"])})
+
+
+def benchmark_slice(key: str) -> str:
+    """The one benchmark slice a task key may appear in: a fixed third of the hash space each."""
+    return SLICES[int(key[8:16], 16) % len(SLICES)]
+
+
+class ScriptEnv:
+    name = "script"
+    uses_sandbox = True
+    # Worker-side imports scripts commonly make (os and shutil the worker has already).
+    sandbox_preload: tuple[str, ...] = ("glob", "pathlib", "csv", "subprocess")
+    components = COMPONENTS
+    # Parsing and a clean exit earn a little; the resulting tree earns most of the reward.
+    default_weights = {"syntax": 0.1, "runs": 0.1, "files": 0.8}
+
+    def __init__(self, params: ScriptEnvParams) -> None:
+        self.params = params
+
+    def component_sources(self) -> dict[str, tuple[Any, Any]]:
+        config = {"sandbox": self.params.sandbox.model_dump(mode="json")}
+        return {"syntax": (_judge, config), "runs": (_judge, config), "files": (compare_trees, config)}
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
+        """``n`` distinct tasks, families in round robin: train mixes every family, each benchmark
+        slice draws only its own."""
+        check_split(self.name, split, slice, n)
+        families = FAMILIES if split == "train" else [f for f in FAMILIES if f.slice == slice]
+        rng = random.Random(f"script/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
+        seen: set[str] = set()
+        exhausted: set[str] = set()
+        tasks: list[Task] = []
+        for index in range(n):
+            # A family with no new task left passes its turn on to the next.
+            for offset in range(len(families)):
+                family = families[(index + offset) % len(families)]
+                task = None if family.name in exhausted else self._draw(family, rng, split, seen)
+                if task is not None:
+                    tasks.append(task)
+                    break
+                exhausted.add(family.name)
+            else:
+                raise ValueError(f"script env: no new {split}/{slice} task of any family after {index} tasks "
+                                 f"({_MAX_DRAWS_PER_TASK} draws each); ask for fewer than {n}")
+        return tasks
+
+    def _draw(self, family: Family, rng: random.Random, split: str, seen: set[str]) -> Task | None:
+        for _ in range(_MAX_DRAWS_PER_TASK):
+            spec = family.sample(rng)
+            key = task_key(spec)
+            if key in seen or in_benchmark(key) != (split == "benchmark"):
+                continue
+            if split == "benchmark" and benchmark_slice(key) != family.slice:
+                continue  # families of different slices share operations: no prompt is in two slices
+            expected = expected_tree(spec)
+            prompt, reference = prompt_of(spec), reference_of(spec)
+            too_big = len(spec["start"]) > MAX_FILES or len(prompt) > MAX_PROMPT_CHARS or len(reference) > MAX_REFERENCE_CHARS
+            if expected is None or too_big:
+                continue
+            seen.add(key)
+            return Task(
+                task_id=f"{self.name}/{split}/{family.slice}/{key[:10]}",
+                env=self.name,
+                split=split,
+                slice=family.slice,
+                kind=family.name,
+                prompt=prompt,
+                entry_point="",
+                checks={**spec, "expected": expected},  # op, args, start: the spec
+                reference=reference,
+            )
+        return None
+
+    @staticmethod
+    def reference(task: Task) -> str:
+        return task.reference
+
+    # -- verification ----------------------------------------------------------------------------
+
+    def verify(self, task: Task, completion: str, pool: SandboxPool | None = None) -> Verdict:
+        return self.verify_batch([task], [completion], pool)[0]
+
+    def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
+        """One script job per non-blank completion (program = prompt + completion); never raises on bad output."""
+        if len(tasks) != len(completions):
+            raise ValueError(f"script env: {len(tasks)} tasks but {len(completions)} completions")
+        limits = self.params.sandbox.limits()  # exec allowed, whatever limits the pool was built with
+        verdicts: list[Verdict | None] = [_blank(t) if not c.strip() else None for t, c in zip(tasks, completions)]
+        todo = [i for i, v in enumerate(verdicts) if v is None]
+        jobs = [Job(tasks[i].prompt + completions[i], "", files=tasks[i].checks["start"], limits=limits,
+                    collect_files=True) for i in todo]
+        for i, result in zip(todo, pool.run(jobs) if jobs else []):
+            verdicts[i] = _judge(tasks[i], result)
+        return verdicts  # type: ignore[return-value]
+
+
+def _file_steps(expected: dict[str, str], states: dict[str, bool] | None) -> dict[str, bool]:
+    """The per-file steps; when the script did not finish, every expected file counts as not reached."""
+    if states is None:
+        return {f"file:{path}": False for path in sorted(expected)}
+    return {f"file:{path}": ok for path, ok in states.items()}
+
+
+def _failed(task: Task, parses: bool, status: str, feedback: str, failed_step: str, timing: dict[str, float]) -> Verdict:
+    steps = {"parses": parses, "exits_cleanly": False, "files_match": 0.0, **_file_steps(task.checks["expected"], None)}
+    return Verdict(components={"syntax": float(parses), "runs": 0.0, "files": 0.0}, steps=steps, passed=False,
+                   feedback=feedback, status=status, timing=timing, failed_step=failed_step)
+
+
+def _blank(task: Task) -> Verdict:
+    # Not run: an empty script would leave the starting tree as it is and earn credit for doing nothing.
+    return _failed(task, False, "format_error", "empty completion: no script was written", "parses", {})
+
+
+def _judge(task: Task, result: ExecResult) -> Verdict:
+    timing = {"wall_s": result.wall_s}
+    if result.status == "infra_error":
+        return replace(not_judged(COMPONENTS, STEPS, result.error), timing=timing)
+    parses = bool(result.steps.get("parses"))
+    if result.status == "error" and not parses:
+        return _failed(task, False, "syntax_error", result.error, "parses", timing)
+    if result.status != "completed" or result.files is None:
+        # An exception or nonzero exit (status error), killed, timeout, memory, output_limit.
+        status = {"timeout": "timeout", "memory": "memory"}.get(result.status, "runtime_error")
+        feedback = result.error or f"the script ended with status {result.status}"
+        if result.status == "output_limit":
+            feedback = f"printed or wrote more than the sandbox's output cap ({result.error})"
+        elif result.status == "completed":  # ran, but no tree came back (a result the worker rejected)
+            feedback = "the script ran but its files could not be read back"
+        return _failed(task, True, status, feedback, "exits_cleanly", timing)
+    expected = task.checks["expected"]
+    states, difference = compare_trees(expected, result.files)
+    fraction = sum(states.values()) / len(states) if states else 1.0
+    passed = all(states.values())
+    steps = {"parses": True, "exits_cleanly": True, "files_match": fraction, **_file_steps(expected, states)}
+    return Verdict(
+        components={"syntax": 1.0, "runs": 1.0, "files": fraction},
+        steps=steps,
+        passed=passed,
+        feedback=f"all {len(states)} files match" if passed else difference,
+        status="passed" if passed else "failed",
+        timing=timing,
+        failed_step=None if passed else "files_match",
+    )
