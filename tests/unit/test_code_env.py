@@ -11,7 +11,8 @@ import pytest
 from closedloop.config import CodeEnvParams, Params
 from closedloop.envs import ENVIRONMENTS, get_env
 from closedloop.envs.base import Task
-from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark, same_value
+from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark
+from closedloop.sandbox.grader import same_value
 from closedloop.envs.code_tasks import FAMILIES
 from closedloop.sandbox import Limits, SandboxPool, to_plain
 from closedloop.sandbox.records import infra_error
