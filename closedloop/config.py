@@ -214,8 +214,8 @@ class TrainParams(_Section):
 
 
 class WarmstartParams(_Section):
-    n_references: int = Field(100, gt=0, description="Reference solutions the warm start learns from.")
-    steps: int = Field(300, ge=0)
+    n_references: int = Field(300, gt=0, description="Reference solutions the warm start learns from.")
+    steps: int = Field(400, ge=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)

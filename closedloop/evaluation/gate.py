@@ -39,23 +39,25 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"({delta:+.3f} does not exceed min_improvement {min_improvement})")
     slice_deltas = {}
-    groups = [*sorted(champion.get("envs", {}).items()), *sorted(champion["slices"].items())]
-    candidate_groups = {**candidate.get("envs", {}), **candidate["slices"]}
+    groups = [(f"env {name}", figures) for name, figures in sorted(champion.get("envs", {}).items())]
+    groups += [(f"slice {name}", figures) for name, figures in sorted(champion["slices"].items())]
+    candidate_groups = {**{f"env {name}": figures for name, figures in candidate.get("envs", {}).items()},
+                        **{f"slice {name}": figures for name, figures in candidate["slices"].items()}}
     for name, champ_slice in groups:
         cand_slice = candidate_groups.get(name)
         if cand_slice is None:
             promote = False
-            reasons.append(f"slice {name}: missing from the candidate's evaluation")
+            reasons.append(f"{name}: missing from the candidate's evaluation")
             continue
         slice_delta = cand_slice["pass@1"] - champ_slice["pass@1"]
-        slice_deltas[name] = slice_delta
+        slice_deltas[name.split(" ", 1)[1]] = slice_delta
         noise = noise_z * math.hypot(champ_slice.get("se", 0.0), cand_slice.get("se", 0.0))
         allowed = max(slice_tolerance, noise)
         why = f"slice_tolerance {slice_tolerance}" if allowed == slice_tolerance else f"{noise_z} standard errors ({noise:.3f})"
         if slice_delta < -allowed:
             promote = False
-            reasons.append(f"slice {name} regressed {slice_delta:+.3f} "
+            reasons.append(f"{name} regressed {slice_delta:+.3f} "
                            f"({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}), beyond {why}")
         else:
-            reasons.append(f"slice {name}: {slice_delta:+.3f} within {why}")
+            reasons.append(f"{name}: {slice_delta:+.3f} within {why}")
     return GateDecision(promote=promote, reasons=reasons, overall_delta=delta, slice_deltas=slice_deltas)

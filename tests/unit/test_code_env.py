@@ -12,6 +12,7 @@ from closedloop.config import CodeEnvParams, Params
 from closedloop.envs import ENVIRONMENTS, get_env
 from closedloop.envs.base import Task
 from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark
+from closedloop.rewards.combine import combine
 from closedloop.sandbox.grader import same_value
 from closedloop.envs.code_tasks import FAMILIES
 from closedloop.sandbox import Limits, SandboxPool, to_plain
@@ -143,6 +144,7 @@ class TestVerify:
         verdicts = env.verify_batch(tasks, [t.reference for t in tasks], pool)
         assert {v.status for v in verdicts} == {"passed"}
         assert all(v.components == {"syntax": 1.0, "runs": 1.0, "tests_passed": 1.0} for v in verdicts)
+        assert all(v.failed_step is None and combine(v.components, CodeEnv.default_weights) == 1.0 for v in verdicts)
         assert all(v.steps["tests_passed"] == v.steps["tests_total"] == 6 for v in verdicts)
         assert {t.kind for t in tasks} == set(KINDS) and {t.split for t in tasks} == {"train", "benchmark"}
 
@@ -155,7 +157,7 @@ class TestVerify:
         wrong = [bump(t.reference) for t in chosen]
         for task, verdict in zip(chosen, env.verify_batch(chosen, wrong, pool)):
             assert not verdict.passed and verdict.status == "failed", (task.reference, verdict)
-            assert verdict.components["tests_passed"] < 1.0
+            assert verdict.components["tests_passed"] < 1.0 and verdict.failed_step == "tests_passed"
             assert re.match(r"f\(.*\) returned .*, expected .*", verdict.feedback), verdict.feedback
 
     # (completion, verdict status, feedback pattern, parses); malformed output of a tiny model
@@ -182,6 +184,9 @@ class TestVerify:
         assert re.search(feedback, verdict.feedback), verdict.feedback
         assert verdict.steps["parses"] is parses and verdict.components["syntax"] == float(parses)
         assert verdict.components["tests_passed"] < 1.0
+        assert verdict.failed_step == ("tests_passed" if status == "failed" else "runs" if parses else "parses")
+        if not parses:  # not code at all: nothing earns reward
+            assert combine(verdict.components, CodeEnv.default_weights) == 0.0
         assert set(verdict.components) == {"syntax", "runs", "tests_passed"} and "wall_s" in verdict.timing
 
     def test_verdicts_repeat_exactly(self, env, pool, tasks):
@@ -247,3 +252,11 @@ class TestRegistry:
     def test_unknown_env_is_named(self):
         with pytest.raises(ValueError, match="unknown environment 'chess'; known: \\['code', 'data'"):
             get_env("chess", Params())
+
+
+def test_the_same_input_gets_the_same_verdict(env, pool, tasks):
+    chosen = tasks[:40]
+    completions = [t.reference if i % 3 else "    return None\n" for i, t in enumerate(chosen)]
+    first, second = (env.verify_batch(chosen, completions, pool) for _ in range(2))
+    strip = lambda v: (v.components, v.steps, v.passed, v.feedback, v.status, v.failed_step)  # noqa: E731
+    assert [strip(v) for v in first] == [strip(v) for v in second]

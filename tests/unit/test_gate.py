@@ -67,7 +67,7 @@ class TestDecide:
         champion = {**summary(0.3, {"code/core": 0.3}), "envs": {"code": {"pass@1": 0.3, "se": 0.0}, "rules": {"pass@1": 0.6, "se": 0.0}}}
         candidate = {**summary(0.4, {"code/core": 0.4}), "envs": {"code": {"pass@1": 0.5, "se": 0.0}, "rules": {"pass@1": 0.4, "se": 0.0}}}
         decision = decide(champion, candidate, min_improvement=0.0, slice_tolerance=0.05)
-        assert not decision.promote and any(r.startswith("slice rules regressed -0.200") for r in decision.reasons)
+        assert not decision.promote and any(r.startswith("env rules regressed -0.200") for r in decision.reasons)
 
     def test_noise_widens_the_tolerance_only_by_the_standard_errors(self):
         def noisy(overall, value, se):
