@@ -32,7 +32,7 @@ class BuiltinModelParams(_Section):
     num_layers: int = Field(4, gt=0)
     num_heads: int = Field(4, gt=0)
     intermediate_size: int = Field(576, gt=0)
-    vocab_size: int = Field(600, ge=300, description="Byte-level BPE vocabulary, trained on the generated corpus.")
+    vocab_size: int = Field(1500, ge=300, description="Byte-level BPE vocabulary, trained on the generated corpus.")
     max_position_embeddings: int = Field(512, gt=0)
 
     @model_validator(mode="after")
@@ -214,8 +214,8 @@ class TrainParams(_Section):
 
 
 class WarmstartParams(_Section):
-    n_references: int = Field(300, gt=0, description="Reference solutions the warm start learns from.")
-    steps: int = Field(400, ge=0)
+    n_references: int = Field(1500, gt=0, description="Reference solutions the warm start learns from.")
+    steps: int = Field(800, ge=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
