@@ -29,29 +29,36 @@ def _interpreter() -> str:
     return os.path.realpath(sys.executable)
 
 
-def _binds() -> list[str]:
+def _system_binds() -> list[str]:
     args: list[str] = []
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]  # merged /usr: /bin -> usr/bin
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
+    return args
+
+
+def _python_binds() -> list[str]:
+    """The interpreter's prefix and site-packages, where they lie outside the system folders.
+
+    Emitted after the private /tmp is mounted: a checkout or virtual environment under /tmp (a CI
+    clone, a temp workspace) would otherwise be hidden by that tmpfs.
+    """
+    args: list[str] = []
     prefix = os.path.realpath(sys.base_prefix)
-    if not any(prefix == d or prefix.startswith(d + "/") for d in _SYSTEM_DIRS):
-        # e.g. a pyenv build under /root: bubblewrap would copy /root's mode 0700 onto the folders it
-        # makes on the way, and the job's uid could not import any module not preloaded.
-        parents = Path(prefix).parents
-        for parent in reversed([str(p) for p in parents if str(p) != "/"]):
-            args += ["--perms", "0755", "--dir", parent]
-        args += ["--ro-bind", prefix, prefix]
-    for site in site_dirs():  # a virtual environment's site-packages lie outside the base prefix
-        if not (site == prefix or site.startswith(prefix + "/")):
-            for parent in reversed([str(p) for p in Path(site).parents if str(p) != "/"]):
-                args += ["--perms", "0755", "--dir", parent]
-            args += ["--ro-bind", site, site]
+    trees = [] if any(prefix == d or prefix.startswith(d + "/") for d in _SYSTEM_DIRS) else [prefix]
+    # A virtual environment's site-packages lie outside the base prefix.
+    trees += [site for site in site_dirs() if not (site == prefix or site.startswith(prefix + "/"))]
     interpreter_dir = os.path.dirname(_interpreter())
     if not interpreter_dir.startswith(prefix + "/"):
-        args += ["--ro-bind", interpreter_dir, interpreter_dir]
+        trees.append(interpreter_dir)
+    for tree in trees:
+        # e.g. a pyenv build under /root: bubblewrap would copy /root's mode 0700 onto the folders it
+        # makes on the way, and the job's uid could not import any module not preloaded.
+        for parent in reversed([str(p) for p in Path(tree).parents if str(p) not in ("/", "/tmp")]):
+            args += ["--perms", "0755", "--dir", parent]
+        args += ["--ro-bind", tree, tree]
     return args
 
 
@@ -68,10 +75,10 @@ def bwrap_argv(disk_mb: int) -> list[str]:
     if bwrap is None:
         raise FileNotFoundError("bwrap")
     argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", *_binds(),
+            "--die-with-parent", "--new-session", *_system_binds(),
             "--ro-bind", str(SANDBOX_DIR), _MOUNT_POINT,
             "--proc", "/proc", "--dev", "/dev",
-            "--size", str(disk_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+            "--size", str(disk_mb << 20), "--tmpfs", "/tmp", *_python_binds(), "--chdir", "/tmp"]
     if os.geteuid() == 0:
         argv += ["--cap-drop", "ALL"] + [arg for cap in _WORKER_CAPS for arg in ("--cap-add", cap)]
     return argv

@@ -83,6 +83,7 @@ class _Worker:
             raise SandboxUnavailable(f"a sandbox worker failed to start ({error})") from None
         self.measures: list[str] = hello["measures"]
         self.preloaded: list[str] = hello["preloaded"]
+        self.unavailable: dict[str, str] = hello.get("unavailable", {})
 
     def send(self, message: dict[str, Any]) -> None:
         payload = json.dumps(message).encode()  # ASCII escapes carry any str, lone surrogates included
@@ -215,6 +216,11 @@ class SandboxPool:
         except BaseException:
             self.close()
             raise
+        unavailable = self._workers[0].unavailable
+        if unavailable:  # every job that imports them would fail: say so now, not as a 0% pass rate
+            self.close()
+            raise SandboxUnavailable("sandbox workers cannot import " + "; ".join(
+                f"{name} ({error})" for name, error in sorted(unavailable.items())))
         for worker in self._workers:
             self._idle.put(worker)
         measures = self._workers[0].measures

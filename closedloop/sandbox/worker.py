@@ -6,7 +6,7 @@ pool asks it to preload (never closedloop, never torch): forking a small interpr
 
 Protocol on the worker's stdin/stdout (moved to private fds at start, so stray prints cannot corrupt
 it): frames of a 4-byte big-endian length followed by UTF-8 JSON.
-  hello    {"hello": {"measures": [...], "preloaded": [...]}} once, after start-up
+  hello    {"hello": {"measures": [...], "preloaded": [...], "unavailable": {module: error}}} once, after start-up
   request  {"program", "entry_point", "calls", "limits", "files", "allow_exec", "interactive", "collect_files"}
   reply    {"status", "outputs": [[ok, value, error], ...], "error", "stdout", "stderr", "exit_code",
             "wall_s", "cpu_s", "peak_memory_kb", "files"}
@@ -411,16 +411,16 @@ def main(argv):
     jail.prepare(os.getpid())
     measures = [m for m in jail.probe() if m in config["measures"]]
     sys.path.extend(p for p in config.get("paths", []) if p not in sys.path)  # site-packages, after the stdlib
-    preloaded = []
+    preloaded, unavailable = [], {}
     for name in config.get("preload", []):
         try:
             importlib.import_module(name)  # inherited by every fork, so a job's import is free
             preloaded.append(name)
-        except ImportError:
-            pass
+        except ImportError as error:  # reported: the pool refuses to start without what jobs need
+            unavailable[name] = str(error)[:200]
     child.warm_up()
     worker = Worker(scratch, proto_in, proto_out, measures)
-    worker.send({"hello": {"measures": measures, "preloaded": preloaded}})
+    worker.send({"hello": {"measures": measures, "preloaded": preloaded, "unavailable": unavailable}})
     while True:
         request = worker.receive()
         if request is None:

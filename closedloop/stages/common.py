@@ -105,7 +105,12 @@ class EnvPools:
         if not self.env(name).uses_sandbox:
             return None
         if name not in self._pools:
-            self._pools[name] = sandbox_pool(self.params, name).__enter__()
+            from closedloop.sandbox import SandboxUnavailable
+
+            try:
+                self._pools[name] = sandbox_pool(self.params, name).__enter__()
+            except SandboxUnavailable as error:
+                raise StageError(f"environment {name!r} (envs.{name}.sandbox): {error}") from None
         return self._pools[name]
 
     def verify_batch(self, name: str, tasks: list, completions: list[str]) -> list:

@@ -209,3 +209,29 @@ class TestPool:
     def test_limits_are_checked(self, kwargs, message):
         with pytest.raises(ValueError, match=message):
             Limits(**kwargs)
+
+
+class TestInterpreterInJail:
+    def test_site_packages_are_bound_after_the_private_tmp(self):
+        """A checkout or virtual environment under /tmp (a CI clone) stays visible in the jail."""
+        from closedloop.sandbox.isolation import bwrap_argv, site_dirs
+
+        pytest.importorskip("shutil").which("bwrap") or pytest.skip("bubblewrap not installed")
+        argv = bwrap_argv(1)
+        tmpfs = argv.index("--tmpfs")
+        for site in site_dirs():
+            binds = [i for i, arg in enumerate(argv) if arg == "--ro-bind" and argv[i + 1] == site]
+            assert all(i > tmpfs for i in binds), (site, argv)
+
+    def test_a_module_the_workers_cannot_import_stops_the_pool(self):
+        from closedloop.sandbox import SandboxUnavailable
+
+        with pytest.raises(SandboxUnavailable, match="cannot import no_such_module_xyz"):
+            SandboxPool(workers=1, limits=Limits(timeout_s=1.0), preload=("json", "no_such_module_xyz"))
+
+    def test_third_party_modules_import_in_jobs(self):
+        pytest.importorskip("pandas")
+        with SandboxPool(workers=1, limits=Limits(timeout_s=5.0, memory_mb=2048), preload=("pandas",)) as pool:
+            program = "import pandas as pd\ndef f():\n    return int(pd.DataFrame({'a': [1, 2]}).a.sum())\n"
+            [result] = pool.run([Job(program, "f", [[]], expected=[3])])
+        assert result.status == "passed", result
