@@ -80,6 +80,13 @@ def test_mlflow_run_has_metrics_datasets_and_plot(looped):
                 "sample.tokens_per_s", "sample.samples_per_s", "stage_seconds.train",
                 "evaluate.candidate_pass_at_1"):
         assert key in metrics, f"run lacks metric {key}"
+    # Pass rate per environment and per slice, and each environment's reward components.
+    for env in ("code", "data", "script", "extract", "rules"):
+        for key in (f"evaluate.candidate_pass_at_1/{env}", f"evaluate.candidate_pass_at_1/{env}/core",
+                    f"evaluate.candidate_pass_at_1/{env}/edge", f"evaluate.candidate_pass_at_1/{env}/failure_modes",
+                    f"reward.per_env.{env}.pass_rate", f"grade.pass_rate.{env}"):
+            assert key in metrics, f"run lacks metric {key}"
+    assert "reward.per_env.data.components.values" in metrics and "reward.per_env.rules.components.decision" in metrics
     digests = {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs}
     assert {"tasks", "samples", "rewards", "graded"} <= set(digests)
     assert digests["samples"] and digests["samples"] in (root / "dvc.lock").read_text()

@@ -288,3 +288,13 @@ def test_infra_error_is_not_judged(env, tasks):
     verdict = judge(tasks[0], infra_error("worker died", "fork"), PARAMS.sandbox.limits())
     assert verdict.status == "infra_error" and verdict.components == {name: None for name in env.components}
     assert verdict.failed_step is None and not verdict.passed
+
+
+def test_model_code_runs_only_in_the_sandbox(env, pool, tasks, tmp_path):
+    """A completion's side effects never reach this process or the host: it ran in the jail."""
+    marker = tmp_path / "escaped.txt"
+    completion = (f"    open({str(marker)!r}, 'w').write('ran here')\n"
+                  "    import os\n    os.environ['CLOSEDLOOP_ESCAPED'] = '1'\n    return df\n")
+    verdict = env.verify(tasks[0], completion, pool)
+    assert not marker.exists() and "CLOSEDLOOP_ESCAPED" not in __import__("os").environ
+    assert verdict.steps["parses"] is True and not verdict.passed  # it ran, somewhere else
