@@ -211,6 +211,9 @@ class TrainParams(_Section):
     include_references: bool = Field(
         True, description="Mix the warm-start references back in, so the loop does not forget them."
     )
+    checkpoint_every: int = Field(
+        25, ge=0, description="Save the training state every N steps; a killed train stage resumes from it (0: never)."
+    )
 
 
 class WarmstartParams(_Section):

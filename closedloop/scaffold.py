@@ -15,6 +15,7 @@ GITIGNORE = """\
 /mlartifacts/
 *.staging/
 *.old/
+*.checkpoint/
 *.tmp
 """
 

@@ -23,6 +23,26 @@ class Example:
     completion: str
 
 
+@dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often training saves its whole state, and what identifies the run.
+
+    ``identity`` names what the run is (its data, its settings, its starting model) as plain values;
+    resuming from a checkpoint whose identity differs is refused, naming each difference.
+    """
+
+    directory: Any  # pathlib.Path
+    every: int
+    identity: dict[str, Any]
+
+
+class ResumeRefused(RuntimeError):
+    """A checkpoint exists but belongs to a different training run."""
+
+
+CHECKPOINT_FILE = "state.pt"
+
+
 @dataclass
 class TrainStats:
     steps: int
@@ -63,11 +83,17 @@ def train_causal_lm(
     warmup_steps: int,
     seed: int,
     progress: bool = False,
+    checkpoint: Checkpointing | None = None,
 ) -> TrainStats:
     """Train ``model`` in place for ``steps`` AdamW steps; returns what happened. Leaves it in eval mode.
 
     Batches walk through the examples in an order reshuffled every epoch by ``random.Random(seed)``.
     The learning rate rises linearly over ``warmup_steps`` then follows a cosine to ~0 at ``steps``.
+
+    With ``checkpoint``, the whole state (weights, optimizer, schedule, RNG, step, losses) is saved
+    every ``checkpoint.every`` steps, and a run that finds a checkpoint of itself continues from it:
+    the batches are a pure function of the seed, so the result equals an uninterrupted run's. The
+    checkpoint is removed once training completes.
     """
     if steps < 0 or batch_size < 1 or lr <= 0 or warmup_steps < 0:
         raise ValueError(
@@ -98,10 +124,13 @@ def train_causal_lm(
         torch.manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
+        done = 0
+        if checkpoint is not None:
+            done, losses, tokens = _resume(checkpoint, model, optimizer, scheduler)
         model.train()
-        bar = tqdm(batches, desc="training", unit="step", disable=not progress)
+        bar = tqdm(total=len(batches), desc="training", unit="step", disable=not progress, initial=done)
         try:
-            for indices in bar:
+            for step, indices in enumerate(batches[done:], start=done + 1):
                 batch = _collate([encoded[i] for i in indices], pad_id)
                 input_ids, attention_mask, labels = (t.to(model.device) for t in batch)
                 loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
@@ -112,10 +141,17 @@ def train_causal_lm(
                 optimizer.zero_grad(set_to_none=True)
                 losses.append(float(loss.detach()))
                 tokens += int(attention_mask.sum())
+                bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
+                    _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens)
         finally:
             bar.close()
             model.eval()
+    if checkpoint is not None:
+        import shutil
+
+        shutil.rmtree(checkpoint.directory, ignore_errors=True)  # done: nothing left to resume
     wall = time.perf_counter() - started
     return TrainStats(
         steps=len(losses),
@@ -127,6 +163,47 @@ def train_causal_lm(
         final_loss=losses[-1],
         losses=losses,
     )
+
+
+def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any, step: int,
+                     losses: list[float], tokens: int) -> None:
+    """Write the whole training state atomically: a kill mid-write leaves the previous checkpoint."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    directory = Path(checkpoint.directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"identity": checkpoint.identity, "step": step, "losses": losses, "tokens": tokens,
+             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "rng": torch.get_rng_state()}
+    partial = directory / (CHECKPOINT_FILE + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, directory / CHECKPOINT_FILE)
+
+
+def _resume(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any) -> tuple[int, list[float], int]:
+    """(steps done, losses, tokens) from the checkpoint of this run, or (0, [], 0) when there is none."""
+    from pathlib import Path
+
+    import torch
+
+    path = Path(checkpoint.directory) / CHECKPOINT_FILE
+    if not path.exists():
+        return 0, [], 0
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    found, wanted = state["identity"], checkpoint.identity
+    changed = sorted(key for key in set(found) | set(wanted) if found.get(key) != wanted.get(key))
+    if changed:
+        raise ResumeRefused(
+            f"{path}: a checkpoint of a different training run; changed since it was written: "
+            + ", ".join(changed) + f". Delete {checkpoint.directory} to train from the start.")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"])
+    return state["step"], list(state["losses"]), state["tokens"]
 
 
 def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random,

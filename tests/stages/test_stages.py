@@ -211,3 +211,22 @@ def test_training_is_deterministic(done, tmp_path):
     shutil.copytree(done.root, scratch)
     run_stage("train", scratch)
     assert model_fingerprint(Workspace.at(scratch).candidate) == model_fingerprint(done.candidate)
+
+
+def test_train_refuses_a_checkpoint_of_another_batch(done):
+    """A checkpoint left by a killed train stage of another batch is refused, naming the batch."""
+    import torch
+
+    from closedloop.training.causal_lm import CHECKPOINT_FILE
+
+    scratch = done.root.parent / "stale-checkpoint"
+    shutil.copytree(done.root, scratch)
+    ws = Workspace.at(scratch)
+    directory = ws.candidate.with_name("candidate.checkpoint")
+    directory.mkdir()
+    torch.save({"identity": {"batch (train_set.jsonl)": "another batch"}, "step": 1}, directory / CHECKPOINT_FILE)
+    with pytest.raises(StageError, match=r"changed since it was written: batch \(train_set.jsonl\)"):
+        run_stage("train", scratch)
+    shutil.rmtree(directory)
+    run_stage("train", scratch)  # without it, the stage trains from the start
+    assert not directory.exists()
