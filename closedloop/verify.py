@@ -22,11 +22,11 @@ from closedloop.envs.humaneval import TaskFileError, json_records, load_humaneva
 
 def load_tasks(path: Path) -> dict[str, Task]:
     """Tasks by id, from either format (decided by the first record's fields)."""
-    from closedloop.envs.taskfile import is_humaneval_file, load_task_file
+    from closedloop.envs.taskfile import check_for_env, is_humaneval_file, load_task_file
 
     if is_humaneval_file(path):
         return {task.task_id: task for task in load_humaneval(path)}
-    return {task.task_id: task for task in load_task_file(path)}
+    return {task.task_id: task for task in load_task_file(path, check=check_for_env)}
 
 
 def load_samples(path: Path, tasks: dict[str, Task]) -> list[tuple[str, str]]:

@@ -151,6 +151,21 @@ class CodeEnv:
     def reference(task: Task) -> str:
         return task.reference
 
+    @staticmethod
+    def check_task(task: Task) -> str | None:
+        """What is wrong with a task from a file, for this environment (None: nothing)."""
+        if not task.entry_point.isidentifier():
+            return f"field 'entry_point' must name the function to call, got {task.entry_point!r}"
+        checks = task.checks
+        if "test" in checks:
+            return None if type(checks["test"]) is str else "field 'checks.test' must be a string (a check(candidate) program)"
+        calls, expected = checks.get("calls"), checks.get("expected")
+        if type(calls) is not list or not calls or not all(type(args) is list for args in calls):
+            return "field 'checks.calls' must be a non-empty list of argument lists (or give checks.test)"
+        if type(expected) is not list or len(expected) != len(calls):
+            return f"field 'checks.expected' must be a list of {len(calls)} values, one per call"
+        return None
+
     # -- verification ----------------------------------------------------------------------------
 
     def verify(self, task: Task, completion: str, pool: SandboxPool) -> Verdict:

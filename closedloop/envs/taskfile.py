@@ -55,13 +55,20 @@ def task_from_record(record: dict[str, Any], where: str, env: str | None = None)
     return Task.from_record(record)
 
 
-def load_task_file(path: Path | str, env: str | None = None) -> list[Task]:
-    """Every task of a closedloop JSONL task file (gzip or not), ids unique."""
+def load_task_file(path: Path | str, env: str | None = None, check: Any = None) -> list[Task]:
+    """Every task of a closedloop JSONL task file (gzip or not), ids unique.
+
+    ``check(task)``, when given (an environment's ``check_task``), returns what is wrong with a task's
+    checks for that environment, or None; the message then names the line.
+    """
     path = Path(path)
     tasks: list[Task] = []
     first_line: dict[str, int] = {}
     for number, where, record in json_records(path, str(list(FIELD_TYPES))):
         task = task_from_record(record, where, env)
+        problem = check(task) if check is not None else None
+        if problem:
+            raise TaskFileError(f"{where}: {problem}")
         if task.task_id in first_line:
             raise TaskFileError(f"{where}: field 'task_id' {task.task_id!r} repeats line {first_line[task.task_id]}")
         first_line[task.task_id] = number
@@ -76,7 +83,22 @@ def load_any(path: Path | str, env: str) -> list[Task]:
     path = Path(path)
     if env == "code" and is_humaneval_file(path):
         return load_humaneval(path)
-    return load_task_file(path, env)
+    return load_task_file(path, env, _check_of(env))
+
+
+def check_for_env(task: Task) -> str | None:
+    """A task's own environment's ``check_task`` (for files that mix environments)."""
+    check = _check_of(task.env)
+    return check(task) if check is not None else None
+
+
+def _check_of(env_name: str) -> Any:
+    """The built-in environment's ``check_task``, if it has one (a user's file is checked up front)."""
+    from closedloop.envs import ENVIRONMENTS, environment_class
+
+    if env_name not in ENVIRONMENTS:
+        return None
+    return getattr(environment_class(env_name), "check_task", None)
 
 
 def tasks_for(env: Any, section: Any, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:

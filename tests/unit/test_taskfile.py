@@ -98,3 +98,31 @@ def test_verify_refuses_an_unknown_environment(tmp_path, capsys):
     samples_path.write_text(json.dumps({"task_id": GOOD["task_id"], "completion": "x"}) + "\n")
     assert main(["verify", "--tasks", str(tasks_path), "--samples", str(samples_path), "--out", str(out)]) == 2
     assert "unknown environment 'chess'" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"entry_point": ""}, "field 'entry_point' must name the function to call"),
+    ({"checks": {"calls": [[1]], "expected": []}}, "field 'checks.expected' must be a list of 1 values"),
+    ({"checks": {"expected": [1]}}, "field 'checks.calls' must be a non-empty list"),
+])
+def test_code_tasks_from_a_file_are_checked_for_the_environment(tmp_path, change, message):
+    """A code task the sandbox could not run is refused at load, naming the line, not at verify time."""
+    from closedloop.envs.taskfile import load_any
+
+    good = {**GOOD, "task_id": "code/x/1", "env": "code", "entry_point": "f",
+            "checks": {"calls": [[1]], "expected": [2]}, "reference": "    return x + 1\n"}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "task_id": "code/x/2", **change}) + "\n")
+    with pytest.raises(TaskFileError, match=rf"{path}:2: " + message.replace("(", r"\(").replace(".", r"\.")):
+        load_any(path, "code")
+    path.write_text(json.dumps(good) + "\n")
+    assert [t.task_id for t in load_any(path, "code")] == ["code/x/1"]
+
+
+def test_verify_refuses_a_code_task_it_could_not_run(tmp_path, capsys):
+    tasks_path, samples_path, out = tmp_path / "tasks.jsonl", tmp_path / "samples.jsonl", tmp_path / "out.jsonl"
+    bad = {**GOOD, "task_id": "code/x/1", "env": "code", "entry_point": "", "checks": {"calls": [[1]], "expected": [2]}}
+    tasks_path.write_text(json.dumps(bad) + "\n")
+    samples_path.write_text(json.dumps({"task_id": "code/x/1", "completion": "x"}) + "\n")
+    assert main(["verify", "--tasks", str(tasks_path), "--samples", str(samples_path), "--out", str(out)]) == 2
+    assert f"{tasks_path}:1: field 'entry_point'" in capsys.readouterr().err and not out.exists()
