@@ -94,6 +94,23 @@ class Environment(Protocol):
         ...
 
 
+class BaseEnvironment:
+    """What every environment does the same way; built-in environments inherit it, users' may."""
+
+    name: str
+
+    @staticmethod
+    def reference(task: Task) -> str:
+        return task.reference
+
+    def verify(self, task: Task, completion: str, pool: Any = None) -> Verdict:
+        return self.verify_batch([task], [completion], pool)[0]  # type: ignore[attr-defined]
+
+    def check_batch(self, tasks: list[Task], completions: list[str]) -> None:
+        if len(tasks) != len(completions):
+            raise ValueError(f"{self.name} env: {len(tasks)} tasks but {len(completions)} completions")
+
+
 def stable_hash(data: Any) -> str:
     """sha256 of canonical JSON: the same for the same data in every process and on every machine."""
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()

@@ -16,7 +16,7 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from closedloop.envs.base import Task, Verdict, check_split, not_judged
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, not_judged
 from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, probe_inputs
 from closedloop.sandbox.child import to_plain
 from closedloop.sandbox.records import ExecResult, Job
@@ -59,7 +59,7 @@ def in_edge_slice(behaviour: str) -> bool:
     return int(behaviour[8:12], 16) % 4 == 0
 
 
-class CodeEnv:
+class CodeEnv(BaseEnvironment):
     name = "code"
     uses_sandbox = True
     sandbox_preload: tuple[str, ...] = ()
@@ -148,10 +148,6 @@ class CodeEnv:
         return behaviour, task
 
     @staticmethod
-    def reference(task: Task) -> str:
-        return task.reference
-
-    @staticmethod
     def check_task(task: Task) -> str | None:
         """What is wrong with a task from a file, for this environment (None: nothing)."""
         if not task.entry_point.isidentifier():
@@ -168,13 +164,9 @@ class CodeEnv:
 
     # -- verification ----------------------------------------------------------------------------
 
-    def verify(self, task: Task, completion: str, pool: SandboxPool) -> Verdict:
-        return self.verify_batch([task], [completion], pool)[0]
-
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
         """One sandbox job per completion (program = prompt + completion); never raises on bad code."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"code env: {len(tasks)} tasks but {len(completions)} completions")
+        self.check_batch(tasks, completions)
         jobs = [_job(t, c) for t, c in zip(tasks, completions)]
         results = pool.run(jobs)
         return [_judge(task, result, pool) for task, result in zip(tasks, results)]

@@ -22,7 +22,7 @@ import random
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Callable
 
-from closedloop.envs.base import Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -94,7 +94,7 @@ def _closedloop_main(*names):
 DRIVER_ENTRY = "_closedloop_main"
 
 
-class DataEnv:
+class DataEnv(BaseEnvironment):
     name = "data"
     uses_sandbox = True
     sandbox_preload: tuple[str, ...] = ("pandas",)
@@ -132,19 +132,11 @@ class DataEnv:
                         break
         return tasks
 
-    @staticmethod
-    def reference(task: Task) -> str:
-        return task.reference
-
     # -- verification ----------------------------------------------------------------------------
-
-    def verify(self, task: Task, completion: str, pool: SandboxPool | None = None) -> Verdict:
-        return self.verify_batch([task], [completion], pool)[0]
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
         """One sandbox job per completion; never raises on bad code."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"data env: {len(tasks)} tasks but {len(completions)} completions")
+        self.check_batch(tasks, completions)
         results = pool.run([job_for(t, c) for t, c in zip(tasks, completions)])
         return [judge(task, result, pool.limits) for task, result in zip(tasks, results)]
 

@@ -19,7 +19,7 @@ import json
 import random
 from typing import TYPE_CHECKING, Any, Callable
 
-from closedloop.envs.base import Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.rewards.validators import check_schema, field_scores, parse_json
 
@@ -67,7 +67,7 @@ def field_line(fields: list[Field]) -> str:
     return "Fields: " + ", ".join(parts)
 
 
-class ExtractEnv:
+class ExtractEnv(BaseEnvironment):
     name = "extract"
     uses_sandbox = False
     sandbox_preload: tuple[str, ...] = ()
@@ -124,19 +124,11 @@ class ExtractEnv:
             reference=json.dumps(truth, ensure_ascii=False) + "\n",
         )
 
-    @staticmethod
-    def reference(task: Task) -> str:
-        return task.reference
-
     # -- verification ----------------------------------------------------------------------------
-
-    def verify(self, task: Task, completion: str, pool: Any = None) -> Verdict:
-        return self.verify_batch([task], [completion], pool)[0]
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: Any = None) -> list[Verdict]:
         """valid JSON → schema → field precision / recall; never raises on bad output."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"extract env: {len(tasks)} tasks but {len(completions)} completions")
+        self.check_batch(tasks, completions)
         return [self._judge(task, completion) for task, completion in zip(tasks, completions)]
 
     @staticmethod

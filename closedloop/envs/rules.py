@@ -20,7 +20,7 @@ import random
 import re
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from closedloop.envs.base import Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.rewards.validators import match_format
 
@@ -112,7 +112,7 @@ class RuleEngine:
         return Chain(tuple(conclusions), tuple(reasons), decision, why)
 
 
-class RulesEnv:
+class RulesEnv(BaseEnvironment):
     name = "rules"
     uses_sandbox = False
     sandbox_preload: tuple[str, ...] = ()
@@ -174,19 +174,11 @@ class RulesEnv:
             reference="\n".join(answers + [f"decision: {chain.decision}"]) + "\n",
         )
 
-    @staticmethod
-    def reference(task: Task) -> str:
-        return task.reference
-
     # -- verification ----------------------------------------------------------------------------
-
-    def verify(self, task: Task, completion: str, pool: Any = None) -> Verdict:
-        return self.verify_batch([task], [completion], pool)[0]
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: Any = None) -> list[Verdict]:
         """format → each rule's conclusion → the decision; never raises on bad output."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"rules env: {len(tasks)} tasks but {len(completions)} completions")
+        self.check_batch(tasks, completions)
         return [self._judge(task, completion) for task, completion in zip(tasks, completions)]
 
     @staticmethod

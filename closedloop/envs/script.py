@@ -23,7 +23,7 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from closedloop.envs.base import SLICES, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.base import BaseEnvironment, SLICES, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -76,7 +76,7 @@ def benchmark_slice(key: str) -> str:
     return SLICES[int(key[8:16], 16) % len(SLICES)]
 
 
-class ScriptEnv:
+class ScriptEnv(BaseEnvironment):
     name = "script"
     uses_sandbox = True
     # Worker-side imports scripts commonly make (os and shutil the worker has already).
@@ -144,19 +144,11 @@ class ScriptEnv:
             )
         return None
 
-    @staticmethod
-    def reference(task: Task) -> str:
-        return task.reference
-
     # -- verification ----------------------------------------------------------------------------
-
-    def verify(self, task: Task, completion: str, pool: SandboxPool | None = None) -> Verdict:
-        return self.verify_batch([task], [completion], pool)[0]
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
         """One script job per non-blank completion (program = prompt + completion); never raises on bad output."""
-        if len(tasks) != len(completions):
-            raise ValueError(f"script env: {len(tasks)} tasks but {len(completions)} completions")
+        self.check_batch(tasks, completions)
         limits = self.params.sandbox.limits()  # exec allowed, whatever limits the pool was built with
         verdicts: list[Verdict | None] = [_blank(t) if not c.strip() else None for t, c in zip(tasks, completions)]
         todo = [i for i, v in enumerate(verdicts) if v is None]
