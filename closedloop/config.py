@@ -201,10 +201,44 @@ class GradeParams(_Section):
     fix_pairs_per_task: int = Field(2, ge=0, description="Failure→fix pairs built per task at most.")
 
 
+class ShapingParams(_Section):
+    """Process supervision: the verifier's step signals added to the reward the trainer optimises."""
+
+    progress: float = Field(
+        0.2, ge=0.0,
+        description="Weight of the fraction of the verifier's steps that held (parses, runs, valid JSON, format...).",
+    )
+    steps: dict[str, float] = Field(
+        default_factory=dict, description="Extra weight per named step signal, e.g. {runs: 0.1}; any environment's names.",
+    )
+
+
+class GrpoParams(_Section):
+    lr: float = Field(3e-4, gt=0, description="Learning rate in grpo mode (train.lr is for sft and rft).")
+    clip: float = Field(0.2, gt=0.0, lt=1.0, description="Policy-ratio clip range: [1 - clip, 1 + clip].")
+    beta: float = Field(0.0, ge=0.0, description="Weight of the KL penalty to the sampling policy (0: none).")
+    epochs: float = Field(1.0, gt=0.0, description="Passes over the batch's rollouts; sets the steps in grpo mode.")
+
+
+class ReplayParams(_Section):
+    last: int = Field(
+        2, ge=0, description="Mix in the positives of this many earlier iterations' batches (DVC experiments); 0: none.",
+    )
+    versions: list[str] = Field(
+        default_factory=list,
+        description="The experiments replayed; set by the loop from `last` before each iteration, or by hand.",
+    )
+    max_fraction: float = Field(0.5, ge=0.0, lt=1.0, description="Cap on replayed examples in the training set.")
+
+
 class TrainParams(_Section):
-    steps: int = Field(150, ge=0)
-    batch_size: int = Field(32, gt=0)
-    lr: float = Field(1e-3, gt=0)
+    mode: Literal["sft", "rft", "grpo"] = Field(
+        "rft",
+        description="sft: references only; rft: the batch's positives and fixes; grpo: group-relative policy optimisation on all k samples.",
+    )
+    steps: int = Field(150, ge=0, description="Optimiser steps in sft and rft modes (grpo: grpo.epochs).")
+    batch_size: int = Field(32, gt=0, description="Examples (grpo: rollouts) per step.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate in sft and rft modes.")
     warmup_steps: int = Field(10, ge=0)
     include_fix_pairs: bool = True
     max_fix_fraction: float = Field(0.25, ge=0.0, le=1.0, description="Cap on fix pairs in the training set.")
@@ -214,6 +248,9 @@ class TrainParams(_Section):
     checkpoint_every: int = Field(
         25, ge=0, description="Save the training state every N steps; a killed train stage resumes from it (0: never)."
     )
+    shaping: ShapingParams = ShapingParams()
+    grpo: GrpoParams = GrpoParams()
+    replay: ReplayParams = ReplayParams()
 
 
 class WarmstartParams(_Section):

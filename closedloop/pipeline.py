@@ -49,7 +49,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         "sample", ("stages/sample.py", "sampling", "models"), (ws.TASKS, ws.CHAMPION),
-        ("project.seed", "loop.iteration", "sample"), (ws.SAMPLES, ws.SAMPLE_TIMINGS),
+        ("project.seed", "loop.iteration", "sample"), (ws.SAMPLES, ws.SAMPLE_TIMINGS, ws.ROLLOUTS),
     ),
     StageSpec(
         "reward", ("stages/reward.py", "envs", "sandbox", "rewards"), (ws.TASKS, ws.SAMPLES),
@@ -66,8 +66,10 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         # The validation report is an input: training never starts on a batch that failed validation.
-        "train", ("stages/train.py", "training", "models"),
-        (ws.TRAIN_SET, ws.REFERENCES, ws.CHAMPION, ws.VALIDATION_DIR),
+        # grpo trains on every sample (rewards, tokens, log-probabilities), rft on the train set.
+        "train", ("stages/train.py", "training", "models", "rewards/shaping.py", "lineage/dvc.py"),
+        (ws.TRAIN_SET, ws.REFERENCES, ws.CHAMPION, ws.VALIDATION_DIR, ws.TASKS, ws.SAMPLES, ws.REWARDS,
+         ws.ROLLOUTS),
         ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS), (ws.CANDIDATE,),
     ),
     StageSpec(

@@ -28,6 +28,7 @@ class Workspace:
     tasks = property(lambda self: self.root / TASKS)
     samples = property(lambda self: self.root / SAMPLES)
     sample_timings = property(lambda self: self.root / SAMPLE_TIMINGS)
+    rollouts = property(lambda self: self.root / ROLLOUTS)
     rewards = property(lambda self: self.root / REWARDS)
     graded = property(lambda self: self.root / GRADED)
     fixes = property(lambda self: self.root / FIXES)
@@ -51,6 +52,7 @@ CHAMPION = "data/champion"
 TASKS = "data/batch/tasks.jsonl"
 SAMPLES = "data/batch/samples.jsonl"
 SAMPLE_TIMINGS = "data/batch/sample_timings.jsonl"
+ROLLOUTS = "data/batch/rollouts.jsonl"  # each sample's tokens and sampling log-probabilities (for GRPO)
 REWARDS = "data/batch/rewards.jsonl"
 GRADED = "data/batch/graded.jsonl"
 FIXES = "data/batch/fixes.jsonl"

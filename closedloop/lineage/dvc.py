@@ -126,6 +126,25 @@ class DvcWorkspace:
         out = _git(self.root, "for-each-ref", "--format=%(refname)", "refs/exps")
         return [line.rsplit("/", 1)[-1] for line in out.split() if line.count("/") == 4]
 
+    def experiment_rev(self, name: str) -> str:
+        """The git commit of experiment ``name``; DvcError naming it when there is none."""
+        if not _inside_git(self.root):
+            raise DvcError(f"no DVC experiment named {name!r} in {self.root}: not a git repository")
+        ref = _git(self.root, "for-each-ref", "--format=%(objectname)", f"refs/exps/*/*/{name}").split()
+        if not ref:
+            known = ", ".join(sorted(self.experiments())) or "none"
+            raise DvcError(f"no DVC experiment named {name!r} in {self.root} (experiments: {known})")
+        return ref[0]
+
+    def read_at(self, path: str, version: str) -> str:
+        """The text of the DVC-tracked ``path`` (relative to the workspace) as experiment ``version``
+        saved it, read through DVC from the cache (or the remote)."""
+        import dvc.api
+
+        rev = self.experiment_rev(version)
+        with self.locked():
+            return dvc.api.read(path, repo=str(self.root), rev=rev, mode="r")
+
     def head_rev(self) -> str:
         try:
             return _git(self.root, "rev-parse", "HEAD").strip()

@@ -47,6 +47,11 @@ def begin_iteration(ws: Workspace, params: Params, previous: Params) -> Params:
     """params.yaml gets the flow's params with the next iteration number; stages read it from there."""
     nxt = params.model_copy(deep=True)
     nxt.loop.iteration = previous.loop.iteration + 1
+    if nxt.train.replay.last:
+        # The batches replayed are the last N iterations' experiments, named in params.yaml so that
+        # `dvc repro` of this iteration reads the same ones.
+        earlier = sorted(DvcWorkspace(ws.root).experiments()) if params.versioning.save_experiments else []
+        nxt.train.replay.versions = earlier[-nxt.train.replay.last:]
     write_params(ws.root, nxt)
     return nxt
 
@@ -150,6 +155,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     dvc = DvcWorkspace(ws.root)
     hashes = dvc.lock_hashes()
     gate = read_json(ws.gate)
+    train = read_json(ws.metrics("train"))
     experiment = f"iter-{iteration:03d}-{gate['candidate']['model_version'][:8]}"
     exp_rev = dvc.exp_save(experiment) if params.versioning.save_experiments else ""
 
@@ -166,7 +172,9 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         stage_seconds=stage_seconds,
     )
     tags = {
-        "iteration": str(iteration), "training.mode": "rft", "git.rev": dvc.head_rev(),
+        "iteration": str(iteration), "training.mode": train["mode"], "git.rev": dvc.head_rev(),
+        "training.data": json.dumps(train.get("examples", {}), sort_keys=True),
+        "training.replay": json.dumps(train.get("replay", {}), sort_keys=True),
         "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "dvc.model": hashes.get(paths.CANDIDATE, ""),
         **batch_tags, "model.fingerprint": gate["candidate"]["model_version"],
         "parent.fingerprint": gate["champion"]["model_version"],

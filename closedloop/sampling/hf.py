@@ -20,6 +20,11 @@ class Generation:
     completion_tokens: int  # tokens the model produced for this row, EOS included
     finish_reason: str  # "eos" | "stop" | "length"
     latency_s: float  # wall time of the generation batch this completion belonged to
+    # The tokens the model produced (EOS and any stop-string token included) and the log-probability
+    # of each under the sampling distribution (logits / temperature; greedy: temperature 1): what
+    # GRPO's policy ratio is taken against.
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
 
 
 @dataclass
@@ -78,7 +83,7 @@ def generate(
                 generator = torch.Generator().manual_seed(seed + batch_index)
                 batch_start = time.perf_counter()
                 rows = [ids for ids in chunk for _ in range(per_prompt)]
-                tokens, eos_hit = _decode_batch(
+                tokens, logprobs, eos_hit = _decode_batch(
                     model, chunk, per_prompt, pad_id=pad_id, eos_ids=eos_ids, stop=stop,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=generator,
                     tokenizer=tokenizer,
@@ -90,7 +95,8 @@ def generate(
                     for j in range(per_prompt):
                         r = p * per_prompt + j
                         text, reason = _truncate(texts[r], stop, eos_hit[r])
-                        samples.append(Generation(text, len(prompt_ids), len(tokens[r]), reason, latency))
+                        samples.append(Generation(text, len(prompt_ids), len(tokens[r]), reason, latency,
+                                                  tuple(tokens[r]), tuple(logprobs[r])))
                     results.append(samples * k if greedy else samples)
                 bar.update(len(chunk) * k)
     finally:
@@ -134,10 +140,11 @@ def _decode_batch(
     top_p: float,
     generator: Any,
     tokenizer: Any,
-) -> tuple[list[list[int]], list[bool]]:
+) -> tuple[list[list[int]], list[list[float]], list[bool]]:
     """Decode ``per_prompt`` rows per prompt, prompt by prompt.
 
-    Returns the new tokens of each row (EOS included) and whether the row hit EOS.
+    Returns the new tokens of each row (EOS included), their log-probabilities under the sampling
+    distribution, and whether the row hit EOS.
     """
     import torch
 
@@ -153,6 +160,7 @@ def _decode_batch(
 
     n_rows = len(prompts) * per_prompt
     new_tokens: list[list[int]] = [[] for _ in range(n_rows)]
+    new_logprobs: list[list[float]] = [[] for _ in range(n_rows)]
     eos_hit = [False] * n_rows
     batch_rows = list(range(n_rows))  # original row index of each row in the batch tensors
     live = [True] * n_rows  # rows still decoding; finished rows ride along until the next compaction
@@ -172,12 +180,15 @@ def _decode_batch(
     for step in range(max_new_tokens):
         token = _sample(logits, temperature, top_p, generator)  # (A,)
         token_list = token.tolist()
+        scaled = logits.float() / temperature if temperature > 0 else logits.float()
+        logprob_list = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1).tolist()
         is_eos = torch.isin(token, eos).tolist()
         checking = []
         for i, row in enumerate(batch_rows):
             if not live[i]:
                 continue
             new_tokens[row].append(token_list[i])
+            new_logprobs[row].append(logprob_list[i])
             if is_eos[i]:
                 eos_hit[row] = True
                 live[i] = False
@@ -205,7 +216,7 @@ def _decode_batch(
             **{cache_arg: cache},
         ).logits[:, -1, :]
         next_position = next_position + 1
-    return new_tokens, eos_hit
+    return new_tokens, new_logprobs, eos_hit
 
 
 def _new_cache(model: Any, capacity: int) -> tuple[str, Any]:

@@ -1,7 +1,8 @@
 """Stage sample: k completions per training task from the current champion.
 
 Every sample records the settings and model version that produced it. Latency is wall-clock, so it
-goes to a file of its own: the samples file then hashes the same when the stage is reproduced.
+goes to a file of its own: the samples file then hashes the same when the stage is reproduced. The
+tokens and their sampling log-probabilities go to rollouts.jsonl, which GRPO trains against.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def run(ctx: StageContext) -> dict:
         top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, stop=list(settings.stop), seed=seed,
         batch_size=settings.batch_size, progress=ctx.progress,
     )
-    samples, timings = [], []
+    samples, timings, rollouts = [], [], []
     for task, task_samples in zip(tasks, generations):
         for index, sample in enumerate(task_samples):
             sample_id = f"{task.task_id}#{index}"
@@ -40,8 +41,11 @@ def run(ctx: StageContext) -> dict:
                 "finish_reason": sample.finish_reason,
             })
             timings.append({"sample_id": sample_id, "latency_s": round(sample.latency_s, 4)})
+            rollouts.append({"sample_id": sample_id, "token_ids": list(sample.token_ids),
+                             "logprobs": [round(lp, 6) for lp in sample.logprobs]})
     write_jsonl(ctx.ws.samples, samples)
     write_jsonl(ctx.ws.sample_timings, timings)
+    write_jsonl(ctx.ws.rollouts, rollouts)
     return {
         "samples": len(samples),
         "model_version": model_version,

@@ -1,65 +1,176 @@
-"""Stage train: rejection-sampling fine-tuning from the champion on the verified batch → candidate."""
+"""Stage train: the candidate, trained from the champion in the mode params.yaml names.
+
+- ``sft``: the warm-start references only (a control: what training without the loop's data gives);
+- ``rft``: rejection-sampling fine-tuning on the batch's positives and failure→fix pairs, the
+  references, and the positives of earlier batches replayed through DVC;
+- ``grpo``: group-relative policy optimisation on every sample of the batch, with the shaped reward.
+
+The mode, its settings and the data mix are written into the model directory
+(``closedloop_training.json``) and into the stage metrics, from which lineage tags the model version.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from closedloop.io import read_json, read_jsonl
 from closedloop.stages.common import StageContext, StageError
 
+TRAINING_FILE = "closedloop_training.json"
+
 
 def run(ctx: StageContext) -> dict:
     from closedloop.models.loading import load_policy, model_fingerprint, save_policy
     from closedloop.models.settings import save_settings
-    from closedloop.training.causal_lm import Checkpointing, Example, ResumeRefused, train_causal_lm
+    from closedloop.training.causal_lm import Checkpointing, ResumeRefused
 
     report = read_json(ctx.ws.validation_report)
     if not report.get("success"):
         raise StageError(f"{ctx.ws.validation_report}: the batch failed validation; refusing to train on it")
     params = ctx.params.train
-    records = read_jsonl(ctx.ws.train_set, required=("source", "prompt", "completion"))
-    if params.include_references:
-        records += [{**r, "source": "reference"} for r in read_jsonl(ctx.ws.references, required=("prompt", "completion"))]
-    examples = [Example(prompt=r["prompt"], completion=r["completion"]) for r in records]
+    mode = params.mode
+    if mode == "grpo" and ctx.params.sample.temperature == 0:
+        raise StageError("train.mode is grpo but sample.temperature is 0: greedy samples of a task are "
+                         "identical, so no group has a reward spread to learn from")
+    inputs = {"grpo": (ctx.ws.tasks, ctx.ws.samples, ctx.ws.rewards, ctx.ws.rollouts),
+              "rft": (ctx.ws.train_set, ctx.ws.references), "sft": (ctx.ws.references,)}[mode]
+    if mode == "rft" and not params.include_references:
+        inputs = (ctx.ws.train_set,)
 
     model, tokenizer = load_policy(ctx.ws.champion)
     seed = ctx.seed("train")
     checkpoint = None
     if params.checkpoint_every:
         # What this training run is: a checkpoint of any other run is refused, naming what changed.
-        identity = {"batch (train_set.jsonl)": _file_hash(ctx.ws.train_set),
-                    "references": _file_hash(ctx.ws.references) if params.include_references else None,
+        identity = {**{f"input {path.name}": _file_hash(path) for path in inputs},
                     "champion": model_fingerprint(ctx.ws.champion), "seed": seed,
                     **{f"params train.{key}": value for key, value in params.model_dump(mode="json").items()
                        if key != "checkpoint_every"}}
         checkpoint = Checkpointing(ctx.ws.candidate.with_name("candidate.checkpoint"), params.checkpoint_every, identity)
     try:
-        stats = train_causal_lm(
-            model, tokenizer, examples, steps=params.steps, batch_size=params.batch_size, lr=params.lr,
-            warmup_steps=params.warmup_steps, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
-        )
+        if mode == "grpo":
+            figures = _train_grpo(ctx, model, tokenizer, seed, checkpoint)
+        else:
+            figures = _train_supervised(ctx, model, tokenizer, seed, checkpoint)
     except ResumeRefused as error:
         raise StageError(str(error)) from None
+
+    record = {"mode": mode, "parent_version": model_fingerprint(ctx.ws.champion), "iteration": ctx.params.loop.iteration,
+              "params": params.model_dump(mode="json"), "data": figures["examples"]}
     staging = ctx.ws.candidate.with_name("candidate.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
     save_settings(staging, ctx.params.sample)  # the rollouts it learned from were sampled with these
+    (staging / TRAINING_FILE).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
     shutil.rmtree(ctx.ws.candidate, ignore_errors=True)
     staging.rename(ctx.ws.candidate)
-    sources = {}
+    return {"mode": mode, **figures, "parent_version": record["parent_version"],
+            "model_version": model_fingerprint(ctx.ws.candidate)}
+
+
+def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> dict:
+    from closedloop.training.causal_lm import Example, train_causal_lm
+
+    params = ctx.params.train
+    records: list[dict] = []
+    replay: dict[str, int] = {}
+    if params.mode == "rft":
+        records = read_jsonl(ctx.ws.train_set, required=("source", "prompt", "completion"))
+        replayed, replay = replay_positives(ctx, records)
+        records += replayed
+    if params.include_references or params.mode == "sft":
+        records += [{**r, "source": "reference"} for r in read_jsonl(ctx.ws.references, required=("prompt", "completion"))]
+    examples = [Example(prompt=r["prompt"], completion=r["completion"]) for r in records]
+    stats = train_causal_lm(
+        model, tokenizer, examples, steps=params.steps, batch_size=params.batch_size, lr=params.lr,
+        warmup_steps=params.warmup_steps, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
+    )
+    sources: dict[str, int] = {}
     for record in records:
         sources[record["source"]] = sources.get(record["source"], 0) + 1
-    return {
-        "mode": "rft",
-        "examples": sources,
-        "steps": stats.steps,
-        "tokens": stats.tokens,
-        "tokens_per_s": round(stats.tokens_per_s, 1),
-        "first_loss": stats.first_loss,
-        "final_loss": stats.final_loss,
-        "parent_version": model_fingerprint(ctx.ws.champion),
-        "model_version": model_fingerprint(ctx.ws.candidate),
-    }
+    return {"examples": sources, "replay": replay, "steps": stats.steps, "tokens": stats.tokens,
+            "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
+            "final_loss": stats.final_loss}
+
+
+def replay_positives(ctx: StageContext, current: list[dict]) -> tuple[list[dict], dict[str, int]]:
+    """Positives of the batches saved as the experiments in ``train.replay.versions``, read through
+    DVC; see :func:`select_replay` for which are kept."""
+    from closedloop.lineage.dvc import DvcError, DvcWorkspace
+    from closedloop.workspace import TRAIN_SET
+
+    replay = ctx.params.train.replay
+    if not replay.versions or replay.max_fraction == 0:
+        return [], {}
+    dvc = DvcWorkspace(ctx.ws.root)
+    batches = {}
+    for version in replay.versions:
+        try:
+            batches[version] = [json.loads(line) for line in dvc.read_at(TRAIN_SET, version).splitlines() if line]
+        except DvcError as error:
+            raise StageError(f"train.replay.versions: {error}") from None
+    return select_replay(current, batches, replay.max_fraction)
+
+
+def select_replay(current: list[dict], batches: dict[str, list[dict]],
+                  max_fraction: float) -> tuple[list[dict], dict[str, int]]:
+    """The earlier batches' positives not already in ``current``, the most recent version first,
+    capped so that replayed / (current + replayed) <= ``max_fraction``.
+
+    ``batches`` maps each version, oldest first, to its training-set records. Returns the records
+    (source "replay", origin "<version>:<sample>") and how many came from each version.
+    """
+    seen = {(r["prompt"], r["completion"]) for r in current}
+    cap = int(len(current) * max_fraction / (1 - max_fraction))
+    kept: list[dict] = []
+    mix = {version: 0 for version in batches}
+    for version in reversed(list(batches)):
+        for row in batches[version]:
+            key = (row["prompt"], row["completion"])
+            if len(kept) >= cap:
+                break
+            if row.get("source") == "positive" and key not in seen:
+                seen.add(key)
+                kept.append({**row, "source": "replay", "origin": f"{version}:{row.get('origin', '')}"})
+                mix[version] += 1
+    return kept, mix
+
+
+def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> dict:
+    from closedloop.rewards.shaping import shaped_reward
+    from closedloop.stages.common import load_tasks
+    from closedloop.training.grpo import Rollout, train_grpo
+
+    params = ctx.params.train
+    prompts = {task.task_id: task.prompt for task in load_tasks(ctx.ws.tasks)}
+    samples = read_jsonl(ctx.ws.samples, required=("sample_id", "task_id"))
+    rewards = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rewards, required=("sample_id", "reward", "steps", "status"))}
+    rollouts = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rollouts, required=("sample_id", "token_ids", "logprobs"))}
+    batch, infra = [], 0
+    for sample in samples:
+        sample_id = sample["sample_id"]
+        if sample_id not in rewards or sample_id not in rollouts:
+            raise StageError(f"{ctx.ws.rewards} / {ctx.ws.rollouts}: no reward or rollout for sample {sample_id}")
+        reward = rewards[sample_id]
+        if reward["status"] == "infra_error":  # neither the model's failure nor its success
+            infra += 1
+            continue
+        rollout = rollouts[sample_id]
+        batch.append(Rollout(group=sample["task_id"], prompt=prompts[sample["task_id"]],
+                             token_ids=tuple(rollout["token_ids"]), logprobs=tuple(rollout["logprobs"]),
+                             reward=shaped_reward(reward["reward"], reward["steps"], params.shaping)))
+    grpo = params.grpo
+    stats = train_grpo(
+        model, tokenizer, batch, epochs=grpo.epochs, batch_size=params.batch_size, lr=grpo.lr,
+        warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta,
+        temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
+    )
+    return {"examples": {"rollout": stats.rollouts}, "groups": stats.groups, "skipped_groups": stats.skipped_groups,
+            "infra_errors_left_out": infra, "steps": stats.steps, "tokens": stats.tokens,
+            "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
+            "final_loss": stats.final_loss, "clip_fraction": round(stats.clip_fraction, 4),
+            "initial_log_ratio": stats.initial_log_ratio}
 
 
 def _file_hash(path) -> str:

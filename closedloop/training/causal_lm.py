@@ -104,9 +104,6 @@ def train_causal_lm(
         return TrainStats(steps=0, examples=len(examples), tokens=0, wall_s=0.0, tokens_per_s=0.0,
                           first_loss=None, final_loss=None, losses=[])
 
-    import torch
-    from tqdm.auto import tqdm
-
     limit = getattr(model.config, "max_position_embeddings", None)
     encoded = [encode_example(tokenizer, example) for example in examples]
     if limit:
@@ -116,42 +113,14 @@ def train_causal_lm(
     batches = _batch_indices(len(encoded), batch_size, steps, random.Random(seed),
                              lengths=[len(ids) for ids, _ in encoded])
 
-    losses: list[float] = []
-    tokens = 0
-    started = time.perf_counter()
-    # fork_rng: the seed governs this run without resetting the caller's global random stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
-        done = 0
-        if checkpoint is not None:
-            done, losses, tokens = _resume(checkpoint, model, optimizer, scheduler)
-        model.train()
-        bar = tqdm(total=len(batches), desc="training", unit="step", disable=not progress, initial=done)
-        try:
-            for step, indices in enumerate(batches[done:], start=done + 1):
-                batch = _collate([encoded[i] for i in indices], pad_id)
-                input_ids, attention_mask, labels = (t.to(model.device) for t in batch)
-                loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(float(loss.detach()))
-                tokens += int(attention_mask.sum())
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-                if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
-                    _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens)
-        finally:
-            bar.close()
-            model.eval()
-    if checkpoint is not None:
-        import shutil
+    def step_loss(indices: list[int]) -> tuple[Any, int]:
+        input_ids, attention_mask, labels = (t.to(model.device) for t in _collate([encoded[i] for i in indices], pad_id))
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        return loss, int(attention_mask.sum())
 
-        shutil.rmtree(checkpoint.directory, ignore_errors=True)  # done: nothing left to resume
+    started = time.perf_counter()
+    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
+                              checkpoint=checkpoint, progress=progress)
     wall = time.perf_counter() - started
     return TrainStats(
         steps=len(losses),
@@ -163,6 +132,63 @@ def train_causal_lm(
         final_loss=losses[-1],
         losses=losses,
     )
+
+
+def optimize(
+    model: Any,
+    batches: list[list[int]],
+    step_loss: Any,
+    *,
+    lr: float,
+    warmup_steps: int,
+    seed: int,
+    checkpoint: Checkpointing | None = None,
+    progress: bool = False,
+) -> tuple[list[float], int]:
+    """One AdamW step per batch of example indices; ``step_loss(indices) -> (loss, tokens)``.
+
+    The loop every training mode shares: warm-up then cosine schedule, gradient clipping at 1.0,
+    checkpoints every ``checkpoint.every`` steps and resumption from one (see train_causal_lm).
+    Returns every step's loss and the tokens fed. Leaves the model in eval mode.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    steps = len(batches)
+    losses: list[float] = []
+    tokens = 0
+    # fork_rng: the seed governs this run without resetting the caller's global random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
+        done = 0
+        if checkpoint is not None:
+            done, losses, tokens = _resume(checkpoint, model, optimizer, scheduler)
+        model.train()
+        bar = tqdm(total=steps, desc="training", unit="step", disable=not progress, initial=done)
+        try:
+            for step, indices in enumerate(batches[done:], start=done + 1):
+                loss, batch_tokens = step_loss(indices)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+                tokens += batch_tokens
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
+                    _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens)
+        finally:
+            bar.close()
+            model.eval()
+    if checkpoint is not None:
+        import shutil
+
+        shutil.rmtree(checkpoint.directory, ignore_errors=True)  # done: nothing left to resume
+    return losses, tokens
 
 
 def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any, step: int,

@@ -160,3 +160,34 @@ def test_deployments_expose_params_as_a_form(prefect_api, tmp_path):
     definitions = schema.get("definitions") or schema.get("$defs")
     assert "k" in definitions["SampleParams"]["properties"]
     assert definitions["SampleParams"]["properties"]["k"]["exclusiveMinimum"] == 0
+
+
+def test_model_version_records_its_training_mode_and_data(looped):
+    import json
+
+    root, _ = looped
+    client, name = _registry(root)
+    tags = client.get_model_version(name, "2").tags
+    assert tags["training.mode"] == "rft" and client.get_model_version(name, "1").tags["training.mode"] == "sft"
+    assert "reference" in json.loads(tags["training.data"])
+    assert json.loads(tags["training.replay"]) == {}  # the first iteration has nothing earlier to replay
+
+
+def test_replay_reads_an_earlier_batch_through_dvc_and_the_loop_names_it(looped, tmp_path):
+    """The next iteration replays the experiment of this one: params.yaml names it, and the train
+    stage reads that version of the training set through DVC, not the file in the workspace."""
+    import shutil
+
+    from closedloop.lineage.record import begin_iteration
+    from closedloop.workspace import TRAIN_SET, Workspace
+
+    root, result = looped
+    experiment = result["iterations"][0]["experiment"]
+    copy = tmp_path / "ws"
+    shutil.copytree(root, copy, symlinks=True)
+    saved = (copy / TRAIN_SET).read_text()
+    (copy / TRAIN_SET).write_text('{"source": "positive", "prompt": "changed", "completion": "since"}\n')
+    assert DvcWorkspace(copy).read_at(TRAIN_SET, experiment) == saved
+    params = load_params(copy)
+    nxt = begin_iteration(Workspace.at(copy), params, params)
+    assert nxt.train.replay.versions == [experiment] and load_params(copy).train.replay.versions == [experiment]

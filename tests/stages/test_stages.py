@@ -68,6 +68,23 @@ def test_samples_record_settings_model_version_and_tokens(done):
     assert [t["sample_id"] for t in timings] == [s["sample_id"] for s in samples]
 
 
+def test_rollouts_carry_the_sampled_tokens_and_their_logprobs(done):
+    """GRPO trains on exactly the tokens sampled: they decode to the completion (which the stop list
+    may have cut), one log-probability per token, each a probability's log."""
+    from closedloop.models.loading import load_policy
+
+    _, tokenizer = load_policy(done.champion)
+    samples = {s["sample_id"]: s for s in read_jsonl(done.samples)}
+    rollouts = read_jsonl(done.rollouts)
+    assert [r["sample_id"] for r in rollouts] == list(samples)
+    for rollout in rollouts:
+        sample = samples[rollout["sample_id"]]
+        assert len(rollout["token_ids"]) == len(rollout["logprobs"]) == sample["completion_tokens"]
+        assert all(lp <= 0 for lp in rollout["logprobs"])
+        text = tokenizer.decode(rollout["token_ids"], skip_special_tokens=True)
+        assert text.startswith(sample["completion"])
+
+
 def test_rewards_keep_components_and_steps(done):
     from closedloop.config import BUILTIN_ENVS
     from closedloop.envs import get_env
@@ -224,9 +241,90 @@ def test_train_refuses_a_checkpoint_of_another_batch(done):
     ws = Workspace.at(scratch)
     directory = ws.candidate.with_name("candidate.checkpoint")
     directory.mkdir()
-    torch.save({"identity": {"batch (train_set.jsonl)": "another batch"}, "step": 1}, directory / CHECKPOINT_FILE)
-    with pytest.raises(StageError, match=r"changed since it was written: batch \(train_set.jsonl\)"):
+    torch.save({"identity": {"input train_set.jsonl": "another batch"}, "step": 1}, directory / CHECKPOINT_FILE)
+    with pytest.raises(StageError, match=r"changed since it was written: .*input train_set.jsonl"):
         run_stage("train", scratch)
     shutil.rmtree(directory)
     run_stage("train", scratch)  # without it, the stage trains from the start
     assert not directory.exists()
+
+
+def _mode_copy(done, tmp_path, name: str, **train) -> Workspace:
+    import yaml
+
+    scratch = tmp_path / name
+    shutil.copytree(done.root, scratch)
+    data = yaml.safe_load((scratch / "params.yaml").read_text())
+    data.setdefault("train", {}).update(train)
+    (scratch / "params.yaml").write_text(yaml.safe_dump(data))
+    return Workspace.at(scratch)
+
+
+def _training_record(ws: Workspace) -> dict:
+    from closedloop.stages.train import TRAINING_FILE
+
+    return json.loads((ws.candidate / TRAINING_FILE).read_text())
+
+
+def test_the_training_mode_is_recorded_with_the_model(done):
+    record = _training_record(done)
+    assert record["mode"] == "rft" == read_json(done.metrics("train"))["mode"]
+    assert record["params"]["steps"] == load_params(done.root).train.steps
+    assert set(record["data"]) >= {"reference"}
+
+
+def test_sft_mode_trains_on_the_references_alone(done, tmp_path):
+    ws = _mode_copy(done, tmp_path, "sft", mode="sft")
+    metrics = run_stage("train", ws.root)
+    references = len(read_jsonl(ws.references))
+    assert metrics["mode"] == "sft" and metrics["examples"] == {"reference": references}
+    assert _training_record(ws)["mode"] == "sft"
+
+
+def test_grpo_mode_trains_on_every_group_with_a_reward_spread(done, tmp_path):
+    """The tiny policy fails everything; giving the first sample of half the tasks a reward makes
+    those groups carry signal. The rest have no spread: skipped and counted."""
+    from closedloop.io import write_jsonl
+    from closedloop.models.loading import model_fingerprint
+
+    ws = _mode_copy(done, tmp_path, "grpo", mode="grpo")
+    task_ids = sorted({s["task_id"] for s in read_jsonl(ws.samples)})
+    rewarded = set(task_ids[::2])
+    samples = {s["sample_id"]: s for s in read_jsonl(ws.samples)}
+    rows = read_jsonl(ws.rewards)
+    for row in rows:
+        sample = samples[row["sample_id"]]
+        if sample["task_id"] in rewarded and sample["sample_index"] == 0:
+            row["reward"] = 1.0
+    write_jsonl(ws.rewards, rows)
+    metrics = run_stage("train", ws.root)
+    k = load_params(ws.root).sample.k
+    assert metrics["mode"] == "grpo"
+    assert metrics["groups"] == len(task_ids) and metrics["skipped_groups"] <= len(task_ids) - len(rewarded)
+    assert metrics["examples"]["rollout"] >= len(rewarded) * k - len(rewarded)  # empty completions drop out
+    assert metrics["steps"] > 0 and metrics["tokens_per_s"] > 0
+    assert metrics["initial_log_ratio"] < 1e-3  # the rollouts' log-probabilities are the policy's
+    assert metrics["model_version"] != metrics["parent_version"]
+    assert _training_record(ws)["mode"] == "grpo"
+    first = model_fingerprint(ws.candidate)
+    run_stage("train", ws.root)
+    assert model_fingerprint(ws.candidate) == first  # deterministic in this mode too
+
+
+def test_grpo_refuses_greedy_rollouts(done, tmp_path):
+    import yaml
+
+    ws = _mode_copy(done, tmp_path, "grpo-greedy", mode="grpo")
+    data = yaml.safe_load((ws.root / "params.yaml").read_text())
+    data.setdefault("sample", {})["temperature"] = 0.0
+    (ws.root / "params.yaml").write_text(yaml.safe_dump(data))
+    before = ws.candidate.joinpath("model.safetensors").read_bytes()
+    with pytest.raises(StageError, match="temperature is 0"):
+        run_stage("train", ws.root)
+    assert ws.candidate.joinpath("model.safetensors").read_bytes() == before  # nothing written
+
+
+def test_replay_of_an_unknown_version_names_the_key(done, tmp_path):
+    ws = _mode_copy(done, tmp_path, "replay-unknown", replay={"versions": ["iter-999-nothere"]})
+    with pytest.raises(StageError, match=r"train.replay.versions: no DVC experiment named 'iter-999-nothere'"):
+        run_stage("train", ws.root)

@@ -1,0 +1,176 @@
+"""Does the closed loop make the built-in policy better? rft and grpo from one warm start.
+
+Runs the warm start once on a fresh workspace with the default params (the built-in policy, as
+`make run`), copies it once per training mode, sets `train.mode`, and runs the loop one iteration at
+a time through the Prefect flow, printing after each: the champion's benchmark pass@1 overall and per
+environment (the champion is the candidate when the gate promoted it), the candidate's, the batch's
+positives, fix pairs and replayed examples, GRPO's skipped groups, training tokens/s and wall time.
+Baseline: the warm start's pass@1 (the gain is read against it); an `sft` mode (the references
+alone, same steps) is the control that shows how much of the gain is the loop's data.
+
+    python benchmarks/learning.py                          # rft and grpo, 5 iterations each
+    python benchmarks/learning.py --modes grpo,rft,sft --iterations 5 --out docs/learning.json \
+        --plot docs/learning_curves.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def champion_after(gate: dict) -> dict:
+    """The benchmark summary of the champion once the iteration is done."""
+    return gate["candidate"] if gate["promote"] else gate["champion"]
+
+
+def pass_rates(summary: dict) -> dict:
+    return {"overall": summary["overall"]["pass@1"],
+            **{env: figures["pass@1"] for env, figures in sorted(summary.get("envs", {}).items())}}
+
+
+def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
+    from closedloop.io import read_json
+
+    gate = read_json(ws.gate)
+    train = read_json(ws.metrics("train"))
+    grade = read_json(ws.metrics("grade"))
+    examples = train.get("examples", {})
+    return {
+        "mode": mode, "iteration": iteration, "wall_s": round(wall_s, 1), "promoted": bool(gate["promote"]),
+        "champion": pass_rates(champion_after(gate)), "candidate": pass_rates(gate["candidate"]),
+        "positives": grade["buckets"]["positive"], "tasks_solved": grade["tasks_solved"],
+        "fix_pairs": grade["fix_pairs"], "trained_on": examples, "replay": train.get("replay", {}),
+        "skipped_groups": train.get("skipped_groups"), "groups": train.get("groups"),
+        "train_steps": train["steps"], "train_tokens": train["tokens"], "train_tokens_per_s": train["tokens_per_s"],
+        "train_seconds": train["seconds"],
+    }
+
+
+def describe(row: dict, warm: dict) -> str:
+    gain = (row["champion"]["overall"] - warm["overall"]) * 100
+    envs = " ".join(f"{env} {value:.3f}" for env, value in row["champion"].items() if env != "overall")
+    extra = (f"skipped groups {row['skipped_groups']}/{row['groups']}" if row["mode"] == "grpo"
+             else f"trained on {row['trained_on']}")
+    return (f"{row['mode']:<5} it {row['iteration']}  champion {row['champion']['overall']:.3f} ({gain:+.1f} pp)  "
+            f"candidate {row['candidate']['overall']:.3f}  {'promoted' if row['promoted'] else 'held'}  | {envs} | "
+            f"positives {row['positives']} fixes {row['fix_pairs']} {extra} | "
+            f"train {row['train_tokens_per_s']:.0f} tok/s | {row['wall_s']:.0f} s")
+
+
+def plot(rows: list[dict], warm: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = [env for env in warm if env != "overall"]
+    modes = sorted({row["mode"] for row in rows})
+    fig, axes = plt.subplots(1, len(envs) + 1, figsize=(3.2 * (len(envs) + 1), 3.2), sharey=True)
+    for ax, key in zip(axes, ["overall", *envs]):
+        for mode in modes:
+            mine = [row for row in rows if row["mode"] == mode]
+            ax.plot([0] + [row["iteration"] for row in mine], [warm[key]] + [row["champion"][key] for row in mine],
+                    marker="o", label=mode)
+        ax.set_title(key)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("benchmark pass@1 (champion)")
+    axes[0].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--modes", default="rft,grpo", help="comma-separated training modes, each from the warm start")
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--workdir", type=Path, help="where the workspaces go (default: a temp dir, removed)")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--plot", type=Path, help="write the curves (PNG) here")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=YAML",
+                        help="override a param for every mode, e.g. --set generate.n_tasks=400")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from closedloop.cli import quiet_prefect
+
+    quiet_prefect()
+    import yaml
+
+    from closedloop.config import load_params, parse_params, write_params
+    from closedloop.io import read_json
+    from closedloop.scaffold import init_workspace
+    from closedloop.workspace import Workspace
+    from flows.loop import closed_loop
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="closedloop-learning-"))
+    base = workdir / "warmstart"
+    shutil.rmtree(base, ignore_errors=True)
+    init_workspace(base)
+    if args.set:
+        data = load_params(base).model_dump(mode="json")
+        for item in args.set:
+            dotted, _, value = item.partition("=")
+            *path, key = dotted.split(".")
+            node = data
+            for part in path:
+                node = node[part]
+            node[key] = yaml.safe_load(value)
+        write_params(base, parse_params(data, "--set"))
+    started = time.perf_counter()
+    closed_loop(iterations=0, workspace=str(base))
+    warm_seconds = time.perf_counter() - started
+    warm = pass_rates(read_json(Workspace.at(base).warmstart_eval)["summary"])
+    print(f"warm start  pass@1 {warm['overall']:.3f}  | "
+          + " ".join(f"{env} {value:.3f}" for env, value in warm.items() if env != "overall")
+          + f" | {warm_seconds:.0f} s", flush=True)
+
+    rows: list[dict] = []
+    figures = {"warm_start": warm, "warm_start_seconds": round(warm_seconds, 1), "iterations": rows,
+               "overrides": args.set}
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        root = workdir / mode
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(base, root, symlinks=True)
+        params = load_params(root)
+        params.train.mode = mode
+        write_params(root, params)
+        for iteration in range(1, args.iterations + 1):
+            started = time.perf_counter()
+            closed_loop(iterations=1, workspace=str(root))
+            row = iteration_row(Workspace.at(root), mode, iteration, time.perf_counter() - started)
+            rows.append(row)
+            print(describe(row, warm), flush=True)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(figures, indent=1) + "\n")
+            if args.plot:
+                plot(rows, warm, args.plot)
+
+    print("\nsummary (champion pass@1 against the warm start)")
+    for mode in sorted({row["mode"] for row in rows}):
+        mine = [row for row in rows if row["mode"] == mode]
+        best = max(mine, key=lambda row: row["champion"]["overall"])
+        last = mine[-1]
+        below = [env for env in warm if env != "overall" and last["champion"][env] < warm[env]]
+        tokens_per_s = sum(row["train_tokens"] for row in mine) / max(1e-9, sum(row["train_seconds"] for row in mine))
+        print(f"{mode:<5} best {best['champion']['overall']:.3f} at iteration {best['iteration']} "
+              f"({(best['champion']['overall'] - warm['overall']) * 100:+.1f} pp); final "
+              f"{last['champion']['overall']:.3f} ({(last['champion']['overall'] - warm['overall']) * 100:+.1f} pp); "
+              f"environments ending below the warm start: {', '.join(below) or 'none'}; "
+              f"training {tokens_per_s:.0f} tokens/s; {sum(row['wall_s'] for row in mine) / len(mine):.0f} s/iteration")
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Group-relative policy optimisation on a batch of k samples per task, offline.
+
+The sample stage drew the batch from the champion and recorded each completion's tokens and their
+log-probabilities; this trains on exactly those tokens. Each task's samples form a group: a
+sample's advantage is its (shaped) reward minus the group's mean, over the group's standard
+deviation, so the update moves toward what beat the other attempts at the same task. A group whose
+rewards are all equal carries no signal and is skipped (and counted). The loss is the clipped
+policy-ratio objective against the recorded sampling log-probabilities, averaged over completion
+tokens (DAPO's token-level mean, so long completions are not down-weighted), with an optional k3
+KL penalty toward the sampling policy.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from closedloop.training.causal_lm import Checkpointing, _batch_indices, optimize
+
+ZERO_SPREAD = 1e-6  # a group whose reward standard deviation is below this gives no gradient
+
+
+@dataclass(frozen=True)
+class Rollout:
+    group: str  # the task the sample answers: advantages are relative within it
+    prompt: str
+    token_ids: tuple[int, ...]  # the completion tokens as sampled (EOS / stop token included)
+    logprobs: tuple[float, ...]  # their log-probabilities under the sampling policy
+    reward: float
+
+
+@dataclass
+class GrpoStats:
+    steps: int
+    rollouts: int  # rollouts trained on (those in groups with reward spread)
+    groups: int
+    skipped_groups: int  # groups with zero reward spread
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    first_loss: float | None
+    final_loss: float | None
+    clip_fraction: float  # completion tokens whose ratio left [1 - clip, 1 + clip]
+    initial_log_ratio: float  # max |log ratio| on the first batch: ~0 when tokens and logprobs align
+    losses: list[float] = field(default_factory=list)
+
+
+def group_advantages(rewards: list[float]) -> list[float] | None:
+    """(r - mean) / std within one group; None when the rewards have (almost) no spread."""
+    if len(rewards) < 2:
+        return None
+    spread = statistics.pstdev(rewards)
+    if spread < ZERO_SPREAD:
+        return None
+    mean = statistics.fmean(rewards)
+    return [(r - mean) / spread for r in rewards]
+
+
+def train_grpo(
+    model: Any,
+    tokenizer: Any,
+    rollouts: list[Rollout],
+    *,
+    epochs: float,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    clip: float,
+    beta: float,
+    temperature: float,
+    seed: int,
+    progress: bool = False,
+    checkpoint: Checkpointing | None = None,
+) -> GrpoStats:
+    """Train ``model`` in place; ``ceil(epochs * usable rollouts / batch_size)`` steps."""
+    if temperature <= 0:
+        raise ValueError("grpo needs sampled rollouts (temperature > 0): greedy groups have no spread")
+    groups: dict[str, list[Rollout]] = {}
+    for rollout in rollouts:
+        groups.setdefault(rollout.group, []).append(rollout)
+    rows: list[tuple[list[int], list[int], list[float], float]] = []  # prompt ids, completion ids, old lp, A
+    skipped = 0
+    prompt_ids_of: dict[str, list[int]] = {}
+    for name in sorted(groups):
+        members = groups[name]
+        advantages = group_advantages([r.reward for r in members])
+        if advantages is None:
+            skipped += 1
+            continue
+        for rollout, advantage in zip(members, advantages):
+            if not rollout.token_ids:
+                continue
+            if len(rollout.token_ids) != len(rollout.logprobs):
+                raise ValueError(f"rollout of {name!r}: {len(rollout.token_ids)} tokens but "
+                                 f"{len(rollout.logprobs)} log-probabilities")
+            if rollout.prompt not in prompt_ids_of:
+                prompt_ids_of[rollout.prompt] = tokenizer(rollout.prompt, add_special_tokens=True)["input_ids"]
+            rows.append((prompt_ids_of[rollout.prompt], list(rollout.token_ids), list(rollout.logprobs), advantage))
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit:  # keep what fits; the tail of an over-long completion is what gets cut
+        rows = [(p, c[: max(0, limit - len(p))], lp[: max(0, limit - len(p))], a) for p, c, lp, a in rows]
+        rows = [row for row in rows if row[1]]
+    steps = math.ceil(epochs * len(rows) / batch_size) if rows else 0
+    if steps == 0:
+        return GrpoStats(steps=0, rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=0,
+                         wall_s=0.0, tokens_per_s=0.0, first_loss=None, final_loss=None, clip_fraction=0.0,
+                         initial_log_ratio=0.0, losses=[])
+
+    import torch
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batches = _batch_indices(len(rows), batch_size, steps, random.Random(seed),
+                             lengths=[len(p) + len(c) for p, c, _, _ in rows])
+    clipped = counted = 0
+    initial: list[float] = []
+
+    def step_loss(indices: list[int]) -> tuple[Any, int]:
+        nonlocal clipped, counted
+        batch = [rows[i] for i in indices]
+        width = max(len(p) + len(c) for p, c, _, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # (B, T)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, T)
+        old = torch.zeros((len(batch), width - 1))  # (B, T-1): position t predicts token t + 1
+        mask = torch.zeros((len(batch), width - 1))
+        for b, (prompt, completion, logprobs, _) in enumerate(batch):
+            n = len(prompt) + len(completion)
+            input_ids[b, :n] = torch.tensor(prompt + completion)
+            attention[b, :n] = 1
+            old[b, len(prompt) - 1 : n - 1] = torch.tensor(logprobs)
+            mask[b, len(prompt) - 1 : n - 1] = 1
+        advantage = torch.tensor([a for _, _, _, a in batch])[:, None]  # (B, 1)
+        input_ids, attention = input_ids.to(model.device), attention.to(model.device)
+        old, mask, advantage = old.to(model.device), mask.to(model.device), advantage.to(model.device)
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+        logp = torch.log_softmax(logits / temperature, dim=-1).gather(2, input_ids[:, 1:, None]).squeeze(-1)
+        log_ratio = (logp - old) * mask
+        ratio = torch.exp(log_ratio)
+        objective = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + clip) * advantage)
+        per_token = -objective
+        if beta:
+            # k3 estimator of KL(policy || sampling policy): non-negative, unbiased on policy samples.
+            per_token = per_token + beta * (torch.exp(-log_ratio) + log_ratio - 1)
+        loss = (per_token * mask).sum() / mask.sum()
+        with torch.no_grad():
+            outside = ((ratio < 1 - clip) | (ratio > 1 + clip)).float() * mask
+            clipped += int(outside.sum())
+            counted += int(mask.sum())
+            if not initial:
+                initial.append(float(log_ratio.abs().max()))
+        return loss, int(attention.sum())
+
+    started = time.perf_counter()
+    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
+                              checkpoint=checkpoint, progress=progress)
+    wall = time.perf_counter() - started
+    return GrpoStats(
+        steps=len(losses), rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=tokens,
+        wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
+        clip_fraction=clipped / counted if counted else 0.0,
+        initial_log_ratio=initial[0] if initial else 0.0, losses=losses,
+    )

@@ -1,0 +1,194 @@
+"""GRPO on real rollouts of a tiny real model: advantages within groups, zero-spread groups skipped,
+the recorded sampling log-probabilities aligned with training's, and updates that move the policy
+toward what scored higher."""
+
+from __future__ import annotations
+
+import pytest
+
+from closedloop.config import ShapingParams
+from closedloop.rewards.shaping import progress, shaped_reward, step_values
+from closedloop.sampling.hf import generate
+from closedloop.training.causal_lm import train_causal_lm
+from closedloop.training.grpo import Rollout, group_advantages, train_grpo
+from tests.unit.test_training import EXAMPLES, _fresh_model, _same, _state, tokenizer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = [f"# Return the {op} of xs, case {i}.\ndef f(xs):\n" for i in range(6) for op in ("sum", "largest")]
+GRPO = dict(epochs=3, batch_size=16, lr=3e-3, warmup_steps=2, clip=0.2, beta=0.0, temperature=1.0, seed=5)
+
+
+def _reward(text: str) -> float:
+    """Synthetic verifier: 'sum' is the answer to every prompt, so the update must learn a preference."""
+    return 1.0 if "sum(" in text else 0.0
+
+
+@pytest.fixture(scope="module")
+def policy(tokenizer):  # noqa: F811
+    """A briefly SFT'd model whose samples vary between operations, and its rollouts (k = 8)."""
+    model = _fresh_model(tokenizer)
+    train_causal_lm(model, tokenizer, EXAMPLES, steps=25, batch_size=16, lr=5e-3, warmup_steps=5, seed=0)
+    generations, _ = generate(model, tokenizer, PROMPTS, k=8, temperature=1.0, top_p=1.0, max_new_tokens=16,
+                              stop=[], seed=1, batch_size=64)
+    rollouts = [Rollout(group=prompt, prompt=prompt, token_ids=g.token_ids, logprobs=g.logprobs, reward=_reward(g.text))
+                for prompt, group in zip(PROMPTS, generations) for g in group]
+    return model, rollouts
+
+
+def _mean_logprob(model, tokenizer, rollouts) -> float:  # noqa: F811
+    import torch
+
+    total = count = 0.0
+    with torch.no_grad():
+        for r in rollouts:
+            prompt = tokenizer(r.prompt, add_special_tokens=True)["input_ids"]
+            ids = torch.tensor([prompt + list(r.token_ids)])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+            picked = logp[len(prompt) - 1 :].gather(1, ids[0, len(prompt):, None]).squeeze(1)
+            total += float(picked.sum())
+            count += len(r.token_ids)
+    return total / count
+
+
+class TestAdvantages:
+    def test_normalised_within_the_group(self):
+        advantages = group_advantages([1.0, 0.0, 0.0, 1.0])
+        assert advantages == pytest.approx([1.0, -1.0, -1.0, 1.0])
+
+    @pytest.mark.parametrize("rewards", [[0.0, 0.0, 0.0], [0.7, 0.7], [1.0]])
+    def test_no_spread_no_signal(self, rewards):
+        assert group_advantages(rewards) is None
+
+
+class TestShaping:
+    # Step signals as the environments report them.
+    NO_PARSE = {"parses": False, "runs": False, "tests_passed": 0, "tests_total": 4}
+    RUNS_FAILS = {"parses": True, "runs": True, "tests_passed": 0, "tests_total": 4}
+    HALF = {"parses": True, "runs": True, "tests_passed": 2, "tests_total": 4}
+
+    def test_a_sample_that_parses_and_runs_scores_above_one_that_does_not_parse(self):
+        shaping = ShapingParams(progress=0.2)
+        # Both fail every test, so their combined reward is what the code environment gives each.
+        assert shaped_reward(0.2, self.RUNS_FAILS, shaping) > shaped_reward(0.0, self.NO_PARSE, shaping)
+        assert shaped_reward(0.6, self.HALF, shaping) > shaped_reward(0.2, self.RUNS_FAILS, shaping)
+
+    def test_steps_become_values_in_order_and_counts_are_fractions(self):
+        assert step_values(self.HALF) == {"parses": 1.0, "runs": 1.0, "tests_passed": 0.5}
+        assert step_values({"format_ok": True, "R1": False, "note": "x", "skipped": None}) == {"format_ok": 1.0, "R1": 0.0}
+        assert progress({"valid_json": True, "schema_valid": False, "field_precision": 0.5, "field_recall": 0.5}) == 0.5
+
+    def test_named_step_weights_add_to_the_reward(self):
+        shaping = ShapingParams(progress=0.0, steps={"runs": 0.5})
+        assert shaped_reward(0.1, self.RUNS_FAILS, shaping) == pytest.approx(0.6)
+        assert shaped_reward(0.1, self.NO_PARSE, shaping) == pytest.approx(0.1)
+
+    def test_shaping_gives_groups_of_failures_a_direction(self):
+        """Every sample failed every test, but one ran: the group now has a spread, and the advantage
+        points at the one that ran."""
+        shaping = ShapingParams()
+        rewards = [shaped_reward(0.0, self.NO_PARSE, shaping), shaped_reward(0.2, self.RUNS_FAILS, shaping)]
+        advantages = group_advantages(rewards)
+        assert advantages is not None and advantages[1] > 0 > advantages[0]
+
+
+class TestTrainGrpo:
+    def test_recorded_logprobs_match_the_training_forward(self, policy, tokenizer):  # noqa: F811
+        """The first batch's policy ratio is 1: rollouts carry exactly the tokens and log-probabilities
+        the trainer recomputes (same BOS, same token boundary, same temperature)."""
+        import copy
+
+        model, rollouts = policy
+        stats = train_grpo(copy.deepcopy(model), tokenizer, rollouts, **{**GRPO, "epochs": 0.1})
+        assert stats.steps >= 1
+        assert stats.initial_log_ratio < 1e-3
+
+    def test_update_moves_the_policy_toward_higher_reward(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        good = [r for r in rollouts if r.reward == 1.0]
+        bad = [r for r in rollouts if r.reward == 0.0]
+        assert good and bad, "the rollouts need both outcomes for this test to mean anything"
+        trained = copy.deepcopy(model)
+        stats = train_grpo(trained, tokenizer, rollouts, **GRPO)
+        assert stats.steps > 0 and stats.tokens > 0 and stats.tokens_per_s > 0
+        assert stats.groups == len(PROMPTS) and 0 <= stats.skipped_groups < stats.groups
+        gain_good = _mean_logprob(trained, tokenizer, good) - _mean_logprob(model, tokenizer, good)
+        gain_bad = _mean_logprob(trained, tokenizer, bad) - _mean_logprob(model, tokenizer, bad)
+        assert gain_good > 0.05 and gain_bad < gain_good
+
+    def test_groups_without_spread_are_skipped_and_counted(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        flat = [Rollout(r.group, r.prompt, r.token_ids, r.logprobs, 0.5) for r in rollouts]
+        untouched = copy.deepcopy(model)
+        before = _state(untouched)
+        stats = train_grpo(untouched, tokenizer, flat, **GRPO)
+        assert stats.steps == 0 and stats.skipped_groups == len(PROMPTS) and stats.rollouts == 0
+        assert _same(before, _state(untouched))
+
+    def test_deterministic(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        a, b = copy.deepcopy(model), copy.deepcopy(model)
+        train_grpo(a, tokenizer, rollouts, **{**GRPO, "epochs": 1})
+        train_grpo(b, tokenizer, rollouts, **{**GRPO, "epochs": 1})
+        assert _same(_state(a), _state(b))
+
+    def test_kl_penalty_holds_the_policy_closer(self, policy, tokenizer):  # noqa: F811
+        """With beta > 0 the trained policy stays nearer the sampling policy: the KL estimated on the
+        rollouts (mean old minus new log-probability of the sampled tokens) is smaller."""
+        import copy
+
+        model, rollouts = policy
+        free, held = copy.deepcopy(model), copy.deepcopy(model)
+        train_grpo(free, tokenizer, rollouts, **GRPO)
+        train_grpo(held, tokenizer, rollouts, **{**GRPO, "beta": 1.0})
+        start = _mean_logprob(model, tokenizer, rollouts)
+        kl_free = start - _mean_logprob(free, tokenizer, rollouts)
+        kl_held = start - _mean_logprob(held, tokenizer, rollouts)
+        assert kl_held < kl_free
+
+    def test_greedy_rollouts_are_refused(self, policy, tokenizer):  # noqa: F811
+        model, rollouts = policy
+        with pytest.raises(ValueError, match="temperature > 0"):
+            train_grpo(model, tokenizer, rollouts, **{**GRPO, "temperature": 0.0})
+
+    def test_mismatched_tokens_and_logprobs_are_refused(self, policy, tokenizer):  # noqa: F811
+        model, rollouts = policy
+        broken = [Rollout(r.group, r.prompt, r.token_ids, r.logprobs[:-1], r.reward) for r in rollouts]
+        with pytest.raises(ValueError, match="log-probabilities"):
+            train_grpo(model, tokenizer, broken, **GRPO)
+
+
+class TestReplaySelection:
+    """Which earlier positives the rft training set takes back (the DVC reading is tested in flows)."""
+
+    @staticmethod
+    def _row(task: str, completion: str, source: str = "positive") -> dict:
+        return {"source": source, "task_id": task, "origin": f"{task}#0", "prompt": f"p-{task}", "completion": completion}
+
+    def test_positives_not_already_present_most_recent_first(self):
+        from closedloop.stages.train import select_replay
+
+        current = [self._row("a", "x"), self._row("b", "y"), self._row("c", "z"), self._row("d", "w")]
+        batches = {
+            "iter-001": [self._row("a", "x"), self._row("e", "old"), self._row("f", "fix", source="fix")],
+            "iter-002": [self._row("g", "new"), self._row("e", "old")],
+        }
+        kept, mix = select_replay(current, batches, max_fraction=0.5)
+        assert [(r["task_id"], r["completion"]) for r in kept] == [("g", "new"), ("e", "old")]
+        assert mix == {"iter-001": 0, "iter-002": 2}
+        assert all(r["source"] == "replay" for r in kept) and kept[0]["origin"] == "iter-002:g#0"
+
+    def test_capped_at_the_fraction_of_the_training_set(self):
+        from closedloop.stages.train import select_replay
+
+        current = [self._row(str(i), "c") for i in range(3)]
+        batches = {"iter-001": [self._row(f"old{i}", "c") for i in range(10)]}
+        kept, mix = select_replay(current, batches, max_fraction=0.25)  # 1 / (3 + 1) = 0.25
+        assert len(kept) == 1 and mix == {"iter-001": 1}
+        assert select_replay(current, batches, max_fraction=0.0) == ([], {"iter-001": 0})
