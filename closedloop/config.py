@@ -231,6 +231,14 @@ class ReplayParams(_Section):
     max_fraction: float = Field(0.5, ge=0.0, lt=1.0, description="Cap on replayed examples in the training set.")
 
 
+class LoraParams(_Section):
+    enabled: bool = Field(False, description="Train LoRA adapters (PEFT) and merge them, instead of every weight.")
+    r: int = Field(16, gt=0, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Adapter dropout (0 keeps training deterministic).")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
 class TrainParams(_Section):
     mode: Literal["sft", "rft", "grpo"] = Field(
         "rft",
@@ -251,6 +259,7 @@ class TrainParams(_Section):
     shaping: ShapingParams = ShapingParams()
     grpo: GrpoParams = GrpoParams()
     replay: ReplayParams = ReplayParams()
+    lora: LoraParams = LoraParams()
 
 
 class WarmstartParams(_Section):

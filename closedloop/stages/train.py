@@ -40,6 +40,17 @@ def run(ctx: StageContext) -> dict:
 
     model, tokenizer = load_policy(ctx.ws.champion)
     seed = ctx.seed("train")
+    if params.lora.enabled:
+        import torch
+
+        from closedloop.training.lora import with_lora
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the adapters' initialisation
+            try:
+                model = with_lora(model, params.lora)
+            except ValueError as error:
+                raise StageError(str(error)) from None
     checkpoint = None
     if params.checkpoint_every:
         # What this training run is: a checkpoint of any other run is refused, naming what changed.
@@ -56,6 +67,10 @@ def run(ctx: StageContext) -> dict:
     except ResumeRefused as error:
         raise StageError(str(error)) from None
 
+    if params.lora.enabled:
+        from closedloop.training.lora import merged
+
+        model = merged(model)
     record = {"mode": mode, "parent_version": model_fingerprint(ctx.ws.champion), "iteration": ctx.params.loop.iteration,
               "params": params.model_dump(mode="json"), "data": figures["examples"]}
     staging = ctx.ws.candidate.with_name("candidate.staging")

@@ -328,3 +328,29 @@ def test_replay_of_an_unknown_version_names_the_key(done, tmp_path):
     ws = _mode_copy(done, tmp_path, "replay-unknown", replay={"versions": ["iter-999-nothere"]})
     with pytest.raises(StageError, match=r"train.replay.versions: no DVC experiment named 'iter-999-nothere'"):
         run_stage("train", ws.root)
+
+
+def test_lora_trains_adapters_on_the_target_modules_and_saves_them_merged(done, tmp_path):
+    """With train.lora the candidate differs from the champion only in the adapted projections, and it
+    is saved as a plain model (adapters merged), deterministic like full training."""
+    from safetensors.torch import load_file
+
+    from closedloop.models.loading import model_fingerprint
+
+    ws = _mode_copy(done, tmp_path, "lora", lora={"enabled": True, "r": 4, "target_modules": ["q_proj", "v_proj"]})
+    run_stage("train", ws.root)
+    champion = load_file(ws.champion / "model.safetensors")
+    candidate = load_file(ws.candidate / "model.safetensors")
+    assert set(candidate) == set(champion)  # no adapter weights left: merged
+    changed = {name for name in champion if not (champion[name] == candidate[name]).all()}
+    assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed)
+    assert _training_record(ws)["params"]["lora"]["enabled"] is True
+    first = model_fingerprint(ws.candidate)
+    run_stage("train", ws.root)
+    assert model_fingerprint(ws.candidate) == first
+
+
+def test_lora_on_modules_the_model_lacks_names_the_key(done, tmp_path):
+    ws = _mode_copy(done, tmp_path, "lora-bad", lora={"enabled": True, "target_modules": ["no_such_proj"]})
+    with pytest.raises(StageError, match=r"train.lora.target_modules \['no_such_proj'\]"):
+        run_stage("train", ws.root)
