@@ -26,6 +26,10 @@ def _reward(text: str) -> float:
 
 @pytest.fixture(scope="module")
 def policy(tokenizer):  # noqa: F811
+    return build_policy(tokenizer)
+
+
+def build_policy(tokenizer):  # noqa: F811
     """A briefly SFT'd model whose samples vary between operations, and its rollouts (k = 8)."""
     model = _fresh_model(tokenizer)
     train_causal_lm(model, tokenizer, EXAMPLES, steps=25, batch_size=16, lr=5e-3, warmup_steps=5, seed=0)
@@ -192,3 +196,54 @@ class TestReplaySelection:
         kept, mix = select_replay(current, batches, max_fraction=0.25)  # 1 / (3 + 1) = 0.25
         assert len(kept) == 1 and mix == {"iter-001": 1}
         assert select_replay(current, batches, max_fraction=0.0) == ([], {"iter-001": 0})
+
+
+# The child process: the same policy and rollouts as this module, GRPO with checkpoints until killed.
+CHILD = """
+import sys, torch
+torch.set_num_threads(1)
+from pathlib import Path
+from closedloop.models.builtin import train_tokenizer
+from closedloop.training.causal_lm import Checkpointing
+from closedloop.training.grpo import train_grpo
+from tests.unit.test_training import EXAMPLES, TINY
+from tests.unit.test_grpo import GRPO, build_policy
+tokenizer = train_tokenizer([e.prompt + e.completion for e in EXAMPLES], TINY.vocab_size)
+model, rollouts = build_policy(tokenizer)
+train_grpo(model, tokenizer, rollouts, checkpoint=Checkpointing(Path(sys.argv[1]), 2, {"run": "grpo"}),
+           **{**GRPO, "epochs": 4})
+"""
+
+
+def test_a_killed_grpo_run_resumes_to_the_uninterrupted_result(policy, tokenizer, tmp_path):  # noqa: F811
+    import copy
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from closedloop.training.causal_lm import Checkpointing
+    from tests.unit.test_training_resume import _checkpoint_step
+
+    model, rollouts = policy
+    uninterrupted = copy.deepcopy(model)
+    reference = train_grpo(uninterrupted, tokenizer, rollouts, **{**GRPO, "epochs": 4})
+    directory = tmp_path / "candidate.checkpoint"
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(directory)], cwd=root,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 120
+        while _checkpoint_step(directory) < reference.steps // 3 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    killed_at = _checkpoint_step(directory)
+    assert child.returncode == -signal.SIGKILL and 2 <= killed_at < reference.steps, killed_at
+    resumed = copy.deepcopy(model)
+    stats = train_grpo(resumed, tokenizer, rollouts, checkpoint=Checkpointing(directory, 2, {"run": "grpo"}),
+                       **{**GRPO, "epochs": 4})
+    assert _same(_state(resumed), _state(uninterrupted)) and stats.losses == reference.losses
