@@ -126,6 +126,11 @@ class DvcWorkspace:
         out = _git(self.root, "for-each-ref", "--format=%(refname)", "refs/exps")
         return [line.rsplit("/", 1)[-1] for line in out.split() if line.count("/") == 4]
 
+    def experiments_newest_first(self) -> list[str]:
+        """Experiment names, the most recently saved first."""
+        out = _git(self.root, "for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/exps")
+        return [line.rsplit("/", 1)[-1] for line in out.split() if line.count("/") == 4]
+
     def experiment_rev(self, name: str) -> str:
         """The git commit of experiment ``name``; DvcError naming it when there is none."""
         if not _inside_git(self.root):

@@ -50,10 +50,23 @@ def begin_iteration(ws: Workspace, params: Params, previous: Params) -> Params:
     if nxt.train.replay.last:
         # The batches replayed are the last N iterations' experiments, named in params.yaml so that
         # `dvc repro` of this iteration reads the same ones.
-        earlier = sorted(DvcWorkspace(ws.root).experiments()) if params.versioning.save_experiments else []
-        nxt.train.replay.versions = earlier[-nxt.train.replay.last:]
+        nxt.train.replay.versions = replay_versions(ws, nxt) if params.versioning.save_experiments else []
     write_params(ws.root, nxt)
     return nxt
+
+
+def replay_versions(ws: Workspace, params: Params) -> list[str]:
+    """The experiments of iterations ``loop.iteration - train.replay.last`` .. ``loop.iteration - 1``,
+    oldest first. Where an iteration was saved more than once (it was re-run), its newest save counts."""
+    import re
+
+    newest: dict[int, str] = {}
+    for name in DvcWorkspace(ws.root).experiments_newest_first():
+        match = re.fullmatch(r"iter-(\d+)-[0-9a-f]+", name)
+        if match:
+            newest.setdefault(int(match.group(1)), name)
+    current, last = params.loop.iteration, params.train.replay.last
+    return [newest[i] for i in range(max(1, current - last), current) if i in newest]
 
 
 def push(ws: Workspace, params: Params) -> int:
