@@ -218,6 +218,10 @@ class GrpoParams(_Section):
     clip: float = Field(0.2, gt=0.0, lt=1.0, description="Policy-ratio clip range: [1 - clip, 1 + clip].")
     beta: float = Field(0.0, ge=0.0, description="Weight of the KL penalty to the sampling policy (0: none).")
     epochs: float = Field(1.0, gt=0.0, description="Passes over the batch's rollouts; sets the steps in grpo mode.")
+    scale_advantages: bool = Field(True, description="Divide advantages by their group's standard deviation.")
+    negative_weight: float = Field(
+        1.0, ge=0.0, description="Weight of below-mean advantages (1: standard GRPO; 0: reinforce only what beat the group).",
+    )
 
 
 class ReplayParams(_Section):

@@ -178,7 +178,8 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> d
     grpo = params.grpo
     stats = train_grpo(
         model, tokenizer, batch, epochs=grpo.epochs, batch_size=params.batch_size, lr=grpo.lr,
-        warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta,
+        warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta, scale_advantages=grpo.scale_advantages,
+        negative_weight=grpo.negative_weight,
         temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
     )
     return {"examples": {"rollout": stats.rollouts}, "groups": stats.groups, "skipped_groups": stats.skipped_groups,

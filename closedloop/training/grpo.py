@@ -49,15 +49,22 @@ class GrpoStats:
     losses: list[float] = field(default_factory=list)
 
 
-def group_advantages(rewards: list[float]) -> list[float] | None:
-    """(r - mean) / std within one group; None when the rewards have (almost) no spread."""
+def group_advantages(rewards: list[float], *, scale: bool = True, negative_weight: float = 1.0) -> list[float] | None:
+    """(r - mean) / std within one group; None when the rewards have (almost) no spread.
+
+    ``scale=False`` leaves out the division by the standard deviation (Dr. GRPO: groups that are
+    nearly all-pass or all-fail then weigh less). ``negative_weight`` scales the below-mean
+    advantages: pushing down a failed sample's tokens also pushes down tokens it shares with the
+    successes, and spreads the probability it frees over everything else.
+    """
     if len(rewards) < 2:
         return None
     spread = statistics.pstdev(rewards)
     if spread < ZERO_SPREAD:
         return None
     mean = statistics.fmean(rewards)
-    return [(r - mean) / spread for r in rewards]
+    advantages = [(r - mean) / (spread if scale else 1.0) for r in rewards]
+    return [a if a >= 0 else a * negative_weight for a in advantages]
 
 
 def train_grpo(
@@ -72,6 +79,8 @@ def train_grpo(
     clip: float,
     beta: float,
     temperature: float,
+    scale_advantages: bool = True,
+    negative_weight: float = 1.0,
     seed: int,
     progress: bool = False,
     checkpoint: Checkpointing | None = None,
@@ -87,7 +96,8 @@ def train_grpo(
     prompt_ids_of: dict[str, list[int]] = {}
     for name in sorted(groups):
         members = groups[name]
-        advantages = group_advantages([r.reward for r in members])
+        advantages = group_advantages([r.reward for r in members], scale=scale_advantages,
+                                      negative_weight=negative_weight)
         if advantages is None:
             skipped += 1
             continue

@@ -247,3 +247,12 @@ def test_a_killed_grpo_run_resumes_to_the_uninterrupted_result(policy, tokenizer
     stats = train_grpo(resumed, tokenizer, rollouts, checkpoint=Checkpointing(directory, 2, {"run": "grpo"}),
                        **{**GRPO, "epochs": 4})
     assert _same(_state(resumed), _state(uninterrupted)) and stats.losses == reference.losses
+
+
+class TestAdvantageOptions:
+    def test_unscaled_advantages_are_plain_differences_from_the_mean(self):
+        assert group_advantages([1.0, 0.0, 0.0, 0.0], scale=False) == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+    def test_negative_weight_scales_only_below_mean_advantages(self):
+        assert group_advantages([1.0, 0.0], negative_weight=0.5) == pytest.approx([1.0, -0.5])
+        assert group_advantages([1.0, 0.0], negative_weight=0.0) == pytest.approx([1.0, 0.0])
