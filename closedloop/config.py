@@ -199,6 +199,10 @@ class RewardParams(_Section):
 
 class GradeParams(_Section):
     fix_pairs_per_task: int = Field(2, ge=0, description="Failure→fix pairs built per task at most.")
+    max_task_pass_rate: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="Positives only from tasks whose samples passed at most this often (1: every task).",
+    )
 
 
 class ShapingParams(_Section):

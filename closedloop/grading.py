@@ -87,13 +87,24 @@ def training_records(
     *,
     include_fixes: bool,
     max_fix_fraction: float,
+    max_task_pass_rate: float = 1.0,
 ) -> list[dict[str, Any]]:
-    """Positives (one per distinct completion of a task) plus, optionally, capped fix pairs."""
+    """Positives (one per distinct completion of a task) plus, optionally, capped fix pairs.
+
+    Positives come only from tasks whose samples passed at most ``max_task_pass_rate`` of the time:
+    a task the policy already solves every time teaches it nothing new.
+    """
+    samples: dict[str, int] = defaultdict(int)
+    passes: dict[str, int] = defaultdict(int)
+    for row in graded:
+        samples[row["task_id"]] += 1
+        passes[row["task_id"]] += row["bucket"] == POSITIVE
     records = []
     seen: set[tuple[str, str]] = set()
     for row in sorted(graded, key=lambda r: r["sample_id"]):
         key = (row["task_id"], row["completion"])
-        if row["bucket"] == POSITIVE and key not in seen:
+        frontier = passes[row["task_id"]] <= max_task_pass_rate * samples[row["task_id"]] + 1e-9
+        if row["bucket"] == POSITIVE and frontier and key not in seen:
             seen.add(key)
             records.append(
                 {"source": "positive", "task_id": row["task_id"], "origin": row["sample_id"],

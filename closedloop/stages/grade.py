@@ -23,7 +23,7 @@ def run(ctx: StageContext) -> dict:
     fixes = build_fix_pairs(graded, prompts, ctx.params.grade.fix_pairs_per_task)
     train_set = training_records(
         graded, prompts, fixes, include_fixes=ctx.params.train.include_fix_pairs,
-        max_fix_fraction=ctx.params.train.max_fix_fraction,
+        max_fix_fraction=ctx.params.train.max_fix_fraction, max_task_pass_rate=ctx.params.grade.max_task_pass_rate,
     )
     write_jsonl(ctx.ws.graded, graded)
     write_jsonl(ctx.ws.fixes, (fix_pair_record(pair) for pair in fixes))

@@ -72,3 +72,12 @@ class TestTrainingRecords:
         records = training_records(graded, PROMPTS, fixes, include_fixes=True, max_fix_fraction=0.25)
         share = sum(r["source"] == "fix" for r in records) / len(records)
         assert share <= 0.25
+
+    def test_positives_only_from_tasks_at_or_under_the_pass_rate(self):
+        """t1 passed 3 of 3 (always solved: nothing new to learn), t2 1 of 2: only t2's positive stays."""
+        graded = [row("t1", i, POSITIVE, "    return x\n", "passed") for i in range(3)] + [
+            row("t2", 0, POSITIVE, "    return y\n", "passed"), row("t2", 1, ERROR, "    return 0\n")]
+        records = training_records(graded, PROMPTS, [], include_fixes=False, max_fix_fraction=0.0,
+                                   max_task_pass_rate=0.5)
+        assert [r["task_id"] for r in records] == ["t2"]
+        assert len(training_records(graded, PROMPTS, [], include_fixes=False, max_fix_fraction=0.0)) == 2
