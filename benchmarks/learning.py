@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the curves (PNG) here")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=YAML",
                         help="override a param for every mode, e.g. --set generate.n_tasks=400")
+    parser.add_argument("--from-warmstart", type=Path, metavar="WORKSPACE",
+                        help="start every mode from this warm-started workspace (e.g. WORKDIR/warmstart of an "
+                             "earlier run) instead of running the warm start")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from closedloop.cli import quiet_prefect
@@ -114,8 +117,13 @@ def main() -> None:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="closedloop-learning-"))
     base = workdir / "warmstart"
-    shutil.rmtree(base, ignore_errors=True)
-    init_workspace(base)
+    if args.from_warmstart:
+        base = args.from_warmstart.resolve()
+        if not Workspace.at(base).warmstart_eval.exists():
+            raise SystemExit(f"{base}: no warm start there ({Workspace.at(base).warmstart_eval} is missing)")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+        init_workspace(base)
     if args.set:
         data = load_params(base).model_dump(mode="json")
         for item in args.set:
@@ -127,8 +135,10 @@ def main() -> None:
             node[key] = yaml.safe_load(value)
         write_params(base, parse_params(data, "--set"))
     started = time.perf_counter()
-    closed_loop(iterations=0, workspace=str(base))
-    warm_seconds = time.perf_counter() - started
+    if not args.from_warmstart:
+        closed_loop(iterations=0, workspace=str(base))
+    warm_seconds = time.perf_counter() - started if not args.from_warmstart else float(
+        read_json(Workspace.at(base).metrics("warmstart"))["seconds"])
     warm = pass_rates(read_json(Workspace.at(base).warmstart_eval)["summary"])
     print(f"warm start  pass@1 {warm['overall']:.3f}  | "
           + " ".join(f"{env} {value:.3f}" for env, value in warm.items() if env != "overall")
@@ -141,6 +151,8 @@ def main() -> None:
         root = workdir / mode
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(base, root, symlinks=True)
+        shutil.rmtree(root / "data" / "models" / "candidate.checkpoint", ignore_errors=True)
+        init_workspace(root)  # dvc.yaml rendered from this code (a reused warm start may predate it)
         params = load_params(root)
         params.train.mode = mode
         write_params(root, params)

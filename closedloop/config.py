@@ -218,7 +218,7 @@ class ShapingParams(_Section):
 
 
 class GrpoParams(_Section):
-    lr: float = Field(3e-4, gt=0, description="Learning rate in grpo mode (train.lr is for sft and rft).")
+    lr: float = Field(1e-4, gt=0, description="Learning rate in grpo mode (train.lr is for sft and rft).")
     clip: float = Field(0.2, gt=0.0, lt=1.0, description="Policy-ratio clip range: [1 - clip, 1 + clip].")
     beta: float = Field(0.0, ge=0.0, description="Weight of the KL penalty to the sampling policy (0: none).")
     epochs: float = Field(1.0, gt=0.0, description="Passes over the batch's rollouts; sets the steps in grpo mode.")
@@ -252,7 +252,7 @@ class TrainParams(_Section):
         "rft",
         description="sft: references only; rft: the batch's positives and fixes; grpo: group-relative policy optimisation on all k samples.",
     )
-    steps: int = Field(150, ge=0, description="Optimiser steps in sft and rft modes (grpo: grpo.epochs).")
+    steps: int = Field(300, ge=0, description="Optimiser steps in sft and rft modes (grpo: grpo.epochs).")
     batch_size: int = Field(32, gt=0, description="Examples (grpo: rollouts) per step.")
     lr: float = Field(1e-3, gt=0, description="Learning rate in sft and rft modes.")
     warmup_steps: int = Field(10, ge=0)
