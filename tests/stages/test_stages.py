@@ -182,15 +182,20 @@ def test_unknown_task_in_samples_is_refused(done, tmp_path):
     assert ws.rewards.read_bytes() == before  # nothing half-written
 
 
-def _with_params(done, tmp_path, name, **sample):
+def _copy_with(done, tmp_path, name: str, section: str, **values) -> Workspace:
+    """A copy of the done workspace whose params.yaml has ``values`` set in ``section``."""
     import yaml
 
     scratch = tmp_path / name
     shutil.copytree(done.root, scratch)
     data = yaml.safe_load((scratch / "params.yaml").read_text())
-    data.setdefault("sample", {}).update(sample)
+    data.setdefault(section, {}).update(values)
     (scratch / "params.yaml").write_text(yaml.safe_dump(data))
     return Workspace.at(scratch)
+
+
+def _with_params(done, tmp_path, name, **sample):
+    return _copy_with(done, tmp_path, name, "sample", **sample)
 
 
 def test_models_carry_the_sampling_settings_of_their_rollouts(done):
@@ -250,14 +255,7 @@ def test_train_refuses_a_checkpoint_of_another_batch(done):
 
 
 def _mode_copy(done, tmp_path, name: str, **train) -> Workspace:
-    import yaml
-
-    scratch = tmp_path / name
-    shutil.copytree(done.root, scratch)
-    data = yaml.safe_load((scratch / "params.yaml").read_text())
-    data.setdefault("train", {}).update(train)
-    (scratch / "params.yaml").write_text(yaml.safe_dump(data))
-    return Workspace.at(scratch)
+    return _copy_with(done, tmp_path, name, "train", **train)
 
 
 def _training_record(ws: Workspace) -> dict:
