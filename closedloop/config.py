@@ -34,6 +34,10 @@ class BuiltinModelParams(_Section):
     intermediate_size: int = Field(576, gt=0)
     vocab_size: int = Field(1500, ge=300, description="Byte-level BPE vocabulary, trained on the generated corpus.")
     max_position_embeddings: int = Field(512, gt=0)
+    split_digits: bool = Field(
+        True, description="One token per digit, so copying or comparing a number is the same step for "
+                          "every number rather than a lookup of rare multi-digit tokens.",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_hidden(self) -> "BuiltinModelParams":
@@ -202,6 +206,11 @@ class GradeParams(_Section):
     max_task_pass_rate: float = Field(
         1.0, ge=0.0, le=1.0,
         description="Positives only from tasks whose samples passed at most this often (1: every task).",
+    )
+    unsolved_references: bool = Field(
+        True,
+        description="Put the reference of each task no sample solved into the training set (rft), "
+                    "so tasks the policy never solves still teach it something.",
     )
 
 

@@ -88,11 +88,15 @@ def training_records(
     include_fixes: bool,
     max_fix_fraction: float,
     max_task_pass_rate: float = 1.0,
+    references: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Positives (one per distinct completion of a task) plus, optionally, capped fix pairs.
+    """Positives (one per distinct completion of a task), the references of unsolved tasks, and,
+    optionally, capped fix pairs.
 
     Positives come only from tasks whose samples passed at most ``max_task_pass_rate`` of the time:
-    a task the policy already solves every time teaches it nothing new.
+    a task the policy already solves every time teaches it nothing new. ``references`` ({task id:
+    reference}) are used only for tasks no sample solved: there rejection sampling has nothing to
+    keep, and the task's known-good answer is the one signal the batch holds (STaR's fallback).
     """
     samples: dict[str, int] = defaultdict(int)
     passes: dict[str, int] = defaultdict(int)
@@ -110,9 +114,17 @@ def training_records(
                 {"source": "positive", "task_id": row["task_id"], "origin": row["sample_id"],
                  "prompt": prompts[row["task_id"]], "completion": row["completion"]}
             )
+    positives = len(records)
+    for task_id in sorted(samples):
+        reference = (references or {}).get(task_id)
+        if reference and passes[task_id] == 0:
+            records.append(
+                {"source": "unsolved", "task_id": task_id, "origin": task_id,
+                 "prompt": prompts[task_id], "completion": reference}
+            )
     if include_fixes and fixes and max_fix_fraction > 0:
         # fixes / (positives + fixes) <= max_fix_fraction
-        cap = len(fixes) if max_fix_fraction >= 1 else int(len(records) * max_fix_fraction / (1 - max_fix_fraction))
+        cap = len(fixes) if max_fix_fraction >= 1 else int(positives * max_fix_fraction / (1 - max_fix_fraction))
         for pair in fixes[:cap]:
             records.append(
                 {"source": "fix", "task_id": pair.task_id, "origin": pair.pair_id,

@@ -21,11 +21,16 @@ PAD = "<pad>"
 SPECIAL_TOKENS = [PAD, BOS, EOS]  # ids 0, 1, 2: the trainer gives special tokens the first ids in this order
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> Any:
+def train_tokenizer(corpus: Iterable[str], vocab_size: int, split_digits: bool = True) -> Any:
     """Train a byte-level BPE tokenizer on ``corpus``; returns a ``PreTrainedTokenizerFast``.
 
     Byte-level means every string is encodable (no unknown token) and decoding is the exact inverse
     of encoding, which matters because the texts are Python, where whitespace is syntax.
+
+    ``split_digits`` gives every digit its own token (as Llama's tokenizer does). BPE on the corpus
+    otherwise merges digits into whatever pieces were frequent (" 8", "07", "13"), so the same number
+    tokenizes differently by context and copying it means recalling rare tokens: measured on the
+    built-in policy, no invoice total of 87 sampled was copied right.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -33,7 +38,11 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> Any:
     tokenizer = Tokenizer(models.BPE())
     # add_prefix_space=False: a leading space would change the first token of every completion and
     # break the exact round trip of texts that start with indentation.
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) if split_digits
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -99,7 +108,7 @@ def create_builtin(
     """Train the tokenizer, build the model, and save both as one Hugging Face directory."""
     from closedloop.models.loading import save_policy
 
-    tokenizer = train_tokenizer(corpus, params.vocab_size)
+    tokenizer = train_tokenizer(corpus, params.vocab_size, params.split_digits)
     model = build_builtin_model(params, tokenizer, seed)
     out_dir = Path(out_dir)
     save_policy(model, tokenizer, out_dir)

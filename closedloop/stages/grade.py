@@ -20,10 +20,12 @@ def run(ctx: StageContext) -> dict:
 
     graded = [graded_row(sample, rewards[sample["sample_id"]]) for sample in samples]
     prompts = {task_id: task.prompt for task_id, task in tasks.items()}
+    references = {task_id: task.reference for task_id, task in tasks.items()} if ctx.params.grade.unsolved_references else {}
     fixes = build_fix_pairs(graded, prompts, ctx.params.grade.fix_pairs_per_task)
     train_set = training_records(
         graded, prompts, fixes, include_fixes=ctx.params.train.include_fix_pairs,
         max_fix_fraction=ctx.params.train.max_fix_fraction, max_task_pass_rate=ctx.params.grade.max_task_pass_rate,
+        references=references,
     )
     write_jsonl(ctx.ws.graded, graded)
     write_jsonl(ctx.ws.fixes, (fix_pair_record(pair) for pair in fixes))
@@ -87,5 +89,6 @@ def summary(graded: list[dict], fixes: list, train_set: list[dict]) -> dict:
         "train_examples": {
             "positive": sum(r["source"] == "positive" for r in train_set),
             "fix": sum(r["source"] == "fix" for r in train_set),
+            "unsolved": sum(r["source"] == "unsolved" for r in train_set),
         },
     }

@@ -107,6 +107,19 @@ def test_rewards_keep_components_and_steps(done):
         assert all(len(version) == 12 for version in sources.values())
 
 
+def test_train_set_holds_the_references_of_exactly_the_unsolved_tasks(done):
+    """Rejection sampling keeps nothing of a task no sample solved; its reference is what it teaches."""
+    tasks = {t["task_id"]: t for t in read_jsonl(done.tasks)}
+    solved = {row["task_id"] for row in read_jsonl(done.graded) if row["bucket"] == "positive"}
+    unsolved = [r for r in read_jsonl(done.train_set) if r["source"] == "unsolved"]
+    assert {r["task_id"] for r in unsolved} == set(tasks) - solved
+    assert len(unsolved) == len(set(tasks) - solved) > 0
+    for record in unsolved:
+        task = tasks[record["task_id"]]
+        assert (record["prompt"], record["completion"]) == (task["prompt"], task["reference"])
+    assert read_json(done.metrics("grade"))["train_examples"]["unsolved"] == len(unsolved)
+
+
 def test_reference_solutions_score_full_reward(done):
     """The reward stage on the references themselves: every one is a positive."""
     root = done.root

@@ -81,3 +81,27 @@ class TestTrainingRecords:
                                    max_task_pass_rate=0.5)
         assert [r["task_id"] for r in records] == ["t2"]
         assert len(training_records(graded, PROMPTS, [], include_fixes=False, max_fix_fraction=0.0)) == 2
+
+    def test_references_only_for_tasks_no_sample_solved(self):
+        """t1 was solved once, so its own positive is what it teaches; t2 never was, so its reference
+        joins the set; a task without a reference adds nothing."""
+        prompts = {**PROMPTS, "t3": "# Return z.\ndef f(z):\n"}
+        graded = [row("t1", 0, POSITIVE, "    return x\n", "passed"), row("t1", 1, ERROR, "    return 0\n"),
+                  row("t2", 0, ERROR, "    return 1\n"), row("t2", 1, PARTIAL, "    return 2\n"),
+                  row("t3", 0, ERROR, "    return 3\n")]
+        references = {"t1": "    return x  # ref\n", "t2": "    return y\n", "t3": ""}
+        records = training_records(graded, prompts, [], include_fixes=False, max_fix_fraction=0.0,
+                                   references=references)
+        assert [(r["source"], r["task_id"], r["completion"]) for r in records] == [
+            ("positive", "t1", "    return x\n"), ("unsolved", "t2", "    return y\n")]
+        assert records[1]["prompt"] == PROMPTS["t2"]
+        assert [r["source"] for r in training_records(graded, prompts, [], include_fixes=False,
+                                                       max_fix_fraction=0.0)] == ["positive"]
+
+    def test_unsolved_references_do_not_raise_the_fix_cap(self):
+        graded = [row("t1", 0, POSITIVE, "    return x\n", "passed")] + [
+            row("t1", i, ERROR, f"    return {i}\n") for i in range(1, 9)] + [row("t2", 0, ERROR, "    return 0\n")]
+        fixes = build_fix_pairs(graded, PROMPTS, per_task=8)
+        records = training_records(graded, PROMPTS, fixes, include_fixes=True, max_fix_fraction=0.5,
+                                   references={"t2": "    return y\n"})
+        assert [r["source"] for r in records] == ["positive", "unsolved", "fix"]

@@ -80,6 +80,22 @@ class TestTrainTokenizer:
         text = CORPUS[5]
         assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) < len(text.encode()) / 2
 
+    def test_split_digits_gives_each_digit_its_own_token_in_every_context(self):
+        """Without it BPE merges frequent digit runs ("1", "12", " 1"), so a number copied from a
+        prompt into JSON is a different token sequence depending on what precedes it."""
+        corpus = CORPUS + [f"total: {n * 37}.5 and {n}\n" for n in range(200)]
+        split = train_tokenizer(corpus, TINY.vocab_size, split_digits=True)
+        merged = train_tokenizer(corpus, TINY.vocab_size, split_digits=False)
+
+        def pieces(tok, text):
+            return [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+        for text in ("Total: 807.63 GBP", '{"total": 807.63}', "x=807"):
+            digits = [p for p in pieces(split, text) if any(c.isdigit() for c in p)]
+            assert digits == list("80763" if "." in text else "807"), digits
+            assert split.decode(split(text, add_special_tokens=False)["input_ids"]) == text
+        assert any(len([c for c in p if c.isdigit()]) > 1 for p in pieces(merged, "total: 1110.5 and 12"))
+
 
 class TestBuildBuiltinModel:
     def test_config_follows_params(self, tokenizer):
