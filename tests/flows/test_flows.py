@@ -20,10 +20,17 @@ def _registry(root: Path):
     return mlflow.MlflowClient(), params.tracking.registered_model
 
 
+ITERATION_1_TRAIN_SET = "iteration-1-train_set.jsonl"
+
+
 @pytest.fixture(scope="module")
 def looped(prefect_api, tmp_path_factory):
     """A workspace after the warm start and one iteration, run by the loop flow."""
+    import shutil
+
     import yaml
+
+    from closedloop.workspace import TRAIN_SET
 
     from closedloop.scaffold import init_workspace
     from flows.loop import closed_loop
@@ -34,6 +41,8 @@ def looped(prefect_api, tmp_path_factory):
     (root / "params.yaml").write_text(yaml.safe_dump(TINY))
     init_workspace(root)
     result = closed_loop(iterations=1, workspace=str(root))
+    # What iteration 1 trained on, kept aside: a later test runs another (failing) iteration in root.
+    shutil.copy(root / TRAIN_SET, root.parent / ITERATION_1_TRAIN_SET)
     return root, result
 
 
@@ -185,7 +194,8 @@ def test_replay_reads_an_earlier_batch_through_dvc_and_the_loop_names_it(looped,
     experiment = result["iterations"][0]["experiment"]
     copy = tmp_path / "ws"
     shutil.copytree(root, copy, symlinks=True)
-    saved = (copy / TRAIN_SET).read_text()
+    saved = (root.parent / ITERATION_1_TRAIN_SET).read_text()
+    assert saved  # unsolved tasks' references at least
     (copy / TRAIN_SET).write_text('{"source": "positive", "prompt": "changed", "completion": "since"}\n')
     assert DvcWorkspace(copy).read_at(TRAIN_SET, experiment) == saved
     params = load_params(copy)
