@@ -261,7 +261,7 @@ class TrainParams(_Section):
         "rft",
         description="sft: references only; rft: the batch's positives and fixes; grpo: group-relative policy optimisation on all k samples.",
     )
-    steps: int = Field(300, ge=0, description="Optimiser steps in sft and rft modes (grpo: grpo.epochs).")
+    steps: int = Field(400, ge=0, description="Optimiser steps in sft and rft modes (grpo: grpo.epochs).")
     batch_size: int = Field(32, gt=0, description="Examples (grpo: rollouts) per step.")
     lr: float = Field(1e-3, gt=0, description="Learning rate in sft and rft modes.")
     warmup_steps: int = Field(10, ge=0)
