@@ -114,6 +114,13 @@ def final_check(base: Path, finals: dict[str, Path], samples: int) -> dict:
     return results
 
 
+def save(figures: dict, path: Path | None) -> None:
+    """Write the figures so far (after every iteration, so an interrupted run keeps what it measured)."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=1) + "\n")
+
+
 def plot(rows: list[dict], warm: dict, path: Path) -> None:
     import matplotlib
 
@@ -213,9 +220,7 @@ def main() -> None:
             row = iteration_row(Workspace.at(root), mode, iteration, time.perf_counter() - started)
             rows.append(row)
             print(describe(row, warm), flush=True)
-            if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(figures, indent=1) + "\n")
+            save(figures, args.out)
             if args.plot:
                 plot(rows, warm, args.plot)
 
@@ -243,8 +248,7 @@ def main() -> None:
             print(f"{mode:<5} final " + " ".join(f"{k} {v:.3f}" for k, v in check[mode]["pass@1"].items()))
             print("      change " + " ".join(f"{k} {d['diff'] * 100:+.1f}±{d['se'] * 100:.1f} pp"
                                          for k, d in diffs.items()))
-        if args.out:
-            args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        save(figures, args.out)
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -30,9 +30,8 @@ def looped(prefect_api, tmp_path_factory):
 
     import yaml
 
-    from closedloop.workspace import TRAIN_SET
-
     from closedloop.scaffold import init_workspace
+    from closedloop.workspace import TRAIN_SET
     from flows.loop import closed_loop
     from tests.conftest import TINY
 
