@@ -14,6 +14,7 @@ asserts are shuffled per job, so a program cannot answer by call order.
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import math
 import random
@@ -71,20 +72,42 @@ class _Counter:
             self.first_failure = f"test line {line}: {detail}"[:500]
 
 
-class _CountAsserts(ast.NodeTransformer):
-    """``assert x, m`` → try: assert x, m / except Exception as e: count(False) / else: count(True)."""
+def _count_asserts(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """Every ``assert`` among ``statements`` and the statements nested in them, made to count.
 
-    def visit_Assert(self, node: ast.Assert) -> ast.AST:
-        call = lambda *args: ast.Expr(ast.Call(ast.Name(_COUNTER, ast.Load()), list(args), []))  # noqa: E731
-        line = ast.Constant(node.lineno)
-        handler = ast.ExceptHandler(
-            type=ast.Name("Exception", ast.Load()),
-            name="__closedloop_error__",
-            body=[call(ast.Constant(False), line, ast.Name("__closedloop_error__", ast.Load()))],
-        )
-        replacement = ast.Try(body=[node], handlers=[handler], orelse=[call(ast.Constant(True), line, ast.Constant(None))],
-                              finalbody=[])
-        return ast.copy_location(replacement, node)
+    ``assert x, m`` → try: assert x, m / except Exception as e: count(False) / else: count(True).
+    Asserts are statements, so only statement lists are walked: the tests' large literal arguments,
+    most of a HumanEval test's nodes, are never visited.
+    """
+    out = []
+    for node in statements:
+        if isinstance(node, ast.Assert):
+            out.append(_counted(node))
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            nested = getattr(node, field, None)
+            if isinstance(nested, list) and nested and isinstance(nested[0], ast.stmt):
+                setattr(node, field, _count_asserts(nested))
+        for part in getattr(node, "handlers", []) + getattr(node, "cases", []):
+            part.body = _count_asserts(part.body)
+        out.append(node)
+    return out
+
+
+def _counted(node: ast.Assert) -> ast.Try:
+    where = {key: getattr(node, key) for key in ("lineno", "col_offset", "end_lineno", "end_col_offset")}
+
+    def count(*args: ast.expr) -> ast.Expr:
+        return ast.Expr(ast.Call(ast.Name(_COUNTER, ast.Load(), **where), list(args), [], **where), **where)
+
+    line = ast.Constant(node.lineno, **where)
+    error = "__closedloop_error__"
+    handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load(), **where), name=error,
+                                body=[count(ast.Constant(False, **where), line, ast.Name(error, ast.Load(), **where))],
+                                **where)
+    return ast.Try(body=[node], handlers=[handler], orelse=[count(ast.Constant(True, **where), line,
+                                                                   ast.Constant(None, **where))],
+                   finalbody=[], **where)
 
 
 @dataclass
@@ -107,10 +130,16 @@ class TestProgram:
                 self.check_index = index
         if self.check_index is None:
             raise ValueError(f"{source_name}: the test program defines no check(candidate) function")
-        self.tree = tree
         self.source_name = source_name
         self._variants: dict[int, Any] = {}
-        self.static_calls = _static_calls(tree.body[self.check_index])
+        check = tree.body[self.check_index]
+        self.static_calls = _static_calls(check)
+        # Rewritten once; each order only reshuffles check's top-level statements (compile() reads
+        # the tree without changing it, so the orders share every node).
+        top_level_asserts = [isinstance(node, ast.Assert) for node in check.body]
+        tree.body = _count_asserts(tree.body)
+        self.tree = tree
+        self._check_body = list(zip(check.body, top_level_asserts))
 
     def _compiled(self, seed: int):
         # A few orders per test, each compiled once: parsing and compiling a test costs more than
@@ -121,11 +150,11 @@ class TestProgram:
         return self._variants[variant]
 
     def _compile(self, seed: int):
-        tree = ast.parse(ast.unparse(self.tree))  # a fresh copy to shuffle
-        check = tree.body[self.check_index]
-        check.body = _shuffle_assert_runs(check.body, random.Random(seed))
-        tree = ast.fix_missing_locations(_CountAsserts().visit(tree))
-        return compile(tree, self.source_name, "exec")
+        check = copy.copy(self.tree.body[self.check_index])
+        check.body = _shuffle_assert_runs(self._check_body, random.Random(seed))
+        body = list(self.tree.body)
+        body[self.check_index] = check
+        return compile(ast.Module(body=body, type_ignores=[]), self.source_name, "exec")
 
     def run(self, candidate: Callable[..., Any], seed: int, entry_point: str = "") -> TestVerdict:
         namespace: dict[str, Any] = {"__name__": "__closedloop_test__"}
@@ -177,11 +206,12 @@ def call_key(encoded_args: list) -> str:
     return json.dumps(encoded_args, sort_keys=True)
 
 
-def _shuffle_assert_runs(body: list[ast.stmt], rng: random.Random) -> list[ast.stmt]:
+def _shuffle_assert_runs(body: list[tuple[ast.stmt, bool]], rng: random.Random) -> list[ast.stmt]:
+    """The statements with each run of consecutive (rewritten) top-level asserts shuffled in place."""
     out: list[ast.stmt] = []
     run: list[ast.stmt] = []
-    for node in body + [None]:  # type: ignore[list-item]
-        if isinstance(node, ast.Assert):
+    for node, is_assert in body + [(None, False)]:  # type: ignore[list-item]
+        if is_assert:
             run.append(node)
             continue
         rng.shuffle(run)

@@ -57,7 +57,7 @@ _RESULT_SLACK = 4096  # bytes of result-pipe framing allowed beyond the output c
 class _Job:
     """One forked job process and the worker's ends of its pipes."""
 
-    def __init__(self, request, workdir, capture, measures):
+    def __init__(self, request, workdir, capture, null, measures):
         self.limits = request["limits"]
         self.request_calls = len(request["calls"]) if request.get("interactive") else 0
         self.cap = self.limits["max_output_bytes"] + _RESULT_SLACK
@@ -65,14 +65,13 @@ class _Job:
         call_r, call_w = os.pipe() if request.get("interactive") else (None, None)
         self.start = time.monotonic()
         self.deadline = self.start + self.limits["timeout_s"]
-        null = os.open(os.devnull, os.O_RDONLY)
         fds = {0: null, 1: capture[0], 2: capture[1], child.RESULT_FD: result_w}
         if call_r is not None:
             fds[child.CALL_FD] = call_r
         self.pid = os.fork()
         if self.pid == 0:
             child.run_child(request, fds, workdir, jail, measures)  # never returns
-        for fd in (null, result_w, call_r):
+        for fd in (result_w, call_r):
             if fd is not None:
                 os.close(fd)
         self.result_r, self.call_w = result_r, call_w
@@ -162,6 +161,15 @@ def _children():
         return []
 
 
+def _has_children():
+    """Whether the worker has any child, running or not; cheaper than listing them (waitid, no /proc)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def _kill_orphans():
     """Kill and reap every process a job left behind (setsid'd sleepers, daemons).
 
@@ -169,6 +177,8 @@ def _kill_orphans():
     job's process tree is gone once the worker has no children left. Bounded: RLIMIT_NPROC caps how
     many a job can have made.
     """
+    if not _has_children():  # the usual case, once the job process itself is reaped
+        return
     for _ in range(1000):
         pids = _children()
         if not pids:
@@ -275,6 +285,7 @@ class Worker:
         self.number = 0
         # Memory-backed capture files: reachable by the job only through its fds 1 and 2, never by path.
         self.capture = (os.memfd_create("stdout"), os.memfd_create("stderr"))
+        self.null = os.open(os.devnull, os.O_RDONLY)  # every job's stdin
 
     # -- the pool channel ------------------------------------------------------------------------
 
@@ -314,7 +325,7 @@ class Worker:
         job = None
         finished = False
         try:
-            job = _Job(request, workdir, self.capture, self.measures)
+            job = _Job(request, workdir, self.capture, self.null, self.measures)
             if request.get("interactive"):
                 if not self._session(job):
                     return None
@@ -419,6 +430,8 @@ def main(argv):
         except ImportError as error:  # reported: the pool refuses to start without what jobs need
             unavailable[name] = str(error)[:200]
     child.warm_up()
+    if config.get("seal") and "seccomp" in measures:
+        jail.seal()
     worker = Worker(scratch, proto_in, proto_out, measures)
     worker.send({"hello": {"measures": measures, "preloaded": preloaded, "unavailable": unavailable}})
     while True:

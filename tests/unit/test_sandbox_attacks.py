@@ -296,3 +296,29 @@ def test_exec_is_denied_unless_the_policy_allows_it():
         denied, allowed = pool.run([Job(program, "f", [[7]]), Job(program, "f", [[7]], limits=allowed_limits)])
     assert denied.outputs[0].value == "PermissionError"
     assert allowed.outputs[0].value == "7\n"
+
+
+SECCOMP_STATE = ("import os\n"
+                 "def f():\n"
+                 "    def field(pid, name):\n"
+                 "        for line in open(f'/proc/{pid}/status'):\n"
+                 "            if line.startswith(name + ':'):\n"
+                 "                return int(line.split()[1])\n"
+                 "    return [field('self', 'Seccomp_filters'), field(os.getppid(), 'Seccomp')]\n")
+
+
+@pytest.mark.parametrize("isolation", ["auto", "fork"])
+def test_a_job_runs_under_the_whole_filter_whether_the_worker_installed_it_or_the_job_did(isolation):
+    """In bubblewrap the worker seals itself once and a job inherits the filter (adding the exec rule
+    unless it may exec); without a pid namespace of its own the worker stays unfiltered and each job
+    installs the whole filter itself."""
+    limits = Limits(timeout_s=2.0, memory_mb=256)
+    with SandboxPool(workers=1, limits=limits, isolation=isolation) as pool:
+        if "seccomp" not in pool.isolation:
+            pytest.skip(f"no seccomp on this machine ({pool.isolation})")
+        sealed = pool.isolation.startswith("bwrap")
+        denied, allowed = pool.run([Job(SECCOMP_STATE, "f", [[]]), Job(SECCOMP_STATE, "f", [[]], limits=Limits(
+            timeout_s=2.0, memory_mb=256, allow_exec=True))])
+    worker_mode = 2 if sealed else 0  # 2: SECCOMP_MODE_FILTER
+    assert denied.outputs[0].value == [2 if sealed else 1, worker_mode]
+    assert allowed.outputs[0].value == [1, worker_mode]
