@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import ast
 import copy
+import gc
 import json
 import math
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from closedloop.sandbox.child import encode
 
@@ -72,6 +74,19 @@ class _Counter:
             self.first_failure = f"test line {line}: {detail}"[:500]
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Parsing builds thousands of AST objects, enough to set off the garbage collector's full passes
+    over every object the process holds: 40% of a test's parse time, measured."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def _count_asserts(statements: list[ast.stmt]) -> list[ast.stmt]:
     """Every ``assert`` among ``statements`` and the statements nested in them, made to count.
 
@@ -122,6 +137,10 @@ class TestProgram:
     """A trusted test program, parsed once and run once per job."""
 
     def __init__(self, prelude: str, test: str, source_name: str = "<test>") -> None:
+        with _collector_paused():
+            self._parse(prelude, test, source_name)
+
+    def _parse(self, prelude: str, test: str, source_name: str) -> None:
         self.prelude = compile(prelude, f"{source_name}:prelude", "exec") if prelude.strip() else None
         tree = ast.parse(test, f"{source_name}")
         self.check_index = None

@@ -82,16 +82,22 @@ def _arg_low(index):
     return 16 + 8 * index  # offset of the low 32 bits of seccomp_data.args[index] (little endian)
 
 
-def seccomp_filter(worker_pid, allow_exec):
-    """The filter for the job processes of worker ``worker_pid``, as assembled BPF bytes.
-
-    Built once per worker, before any fork: it must not depend on the job's own pid.
-    """
+def _syscall_number_program():
+    """A program that kills a foreign ABI and loads the syscall number, for the rules that follow."""
     p = _Program()
     p.op(_LD_W_ABS, 4)  # seccomp_data.arch
     p.op(_JEQ, _AUDIT_ARCH_X86_64, jt=1)
     p.op(_RET, _RET_KILL)  # a foreign ABI (i386 int 0x80) would bypass every number below
     p.op(_LD_W_ABS, 0)  # seccomp_data.nr
+    return p
+
+
+def seccomp_filter(worker_pid, allow_exec):
+    """The filter for the job processes of worker ``worker_pid``, as assembled BPF bytes.
+
+    Built once per worker, before any fork: it must not depend on the job's own pid.
+    """
+    p = _syscall_number_program()
     p.op(_JGE, _X32_BIT, jt="eperm")  # the x32 ABI: another way around the numbers
     for name, number in _X86_64.items():
         if name not in _ARGUMENT_CHECKED:
@@ -158,11 +164,7 @@ def _prctl(*args):
 
 def exec_filter():
     """A filter that only denies execve/execveat: added to a sealed worker's filter for a job that may not exec."""
-    p = _Program()
-    p.op(_LD_W_ABS, 4)
-    p.op(_JEQ, _AUDIT_ARCH_X86_64, jt=1)
-    p.op(_RET, _RET_KILL)
-    p.op(_LD_W_ABS, 0)
+    p = _syscall_number_program()
     p.op(_JEQ, _X86_64["execve"], jt="eperm")
     p.op(_JEQ, _X86_64["execveat"], jt="eperm")
     p.op(_RET, _RET_ALLOW)
@@ -171,16 +173,18 @@ def exec_filter():
     return p.assemble()
 
 
-_filters = {}  # allow_exec -> assembled filter, built in the worker before any fork; "exec" -> exec_filter()
+_filters = {}  # allow_exec -> assembled filter, built in the worker before any fork
+_exec_only = b""  # exec_filter(), built with them
 _sealed = False  # whether this process (the worker) already runs under the full filter, exec allowed
 
 
 def prepare(worker_pid):
     """Load libc and assemble the filters once, in the worker, so each job process only installs them."""
     _libc_handle()
+    global _exec_only
     for allow_exec in (False, True):
         _filters[allow_exec] = seccomp_filter(worker_pid, allow_exec)
-    _filters["exec"] = exec_filter()
+    _exec_only = exec_filter()
 
 
 def _install(code):
@@ -246,7 +250,7 @@ def confine(measures, limits, allow_exec):
         if not _sealed:
             install_seccomp(allow_exec)
         elif not allow_exec:
-            _install(_filters["exec"])
+            _install(_exec_only or exec_filter())
 
 
 def probe():
