@@ -8,9 +8,9 @@ The flows take :class:`Params` as a parameter, which is what gives the Prefect U
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PARAMS_FILE = "params.yaml"
 
@@ -55,6 +55,12 @@ class ModelParams(_Section):
         description="'builtin:tiny', a local Hugging Face model directory, or a hub id.",
     )
     builtin: BuiltinModelParams = BuiltinModelParams()
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where sampling, training and evaluation run; auto: cuda when a GPU is present, else cpu.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights' dtype; auto: the model's own (float32 for the built-in, bfloat16 on cuda when it has none).",
+    )
 
 
 class SandboxParams(_Section):
@@ -188,13 +194,96 @@ class SamplingSettings(_Section):
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("])
 
 
+class HfBackendParams(_Section):
+    """transformers on this process: today's decoder, on model.device and model.dtype."""
+
+    name: Literal["hf"] = "hf"
+
+
+class VllmBackendParams(_Section):
+    """Offline vLLM (``vllm.LLM``) on the champion directory; needs the ``vllm`` extra and a GPU."""
+
+    name: Literal["vllm"] = "vllm"
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0, description="Share of GPU memory vLLM may take.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one model is split over.")
+    max_model_len: Optional[int] = Field(None, gt=0, description="Context vLLM allocates for; empty: the model's.")
+    enforce_eager: bool = Field(False, description="Skip CUDA graph capture (faster start, slower decoding).")
+
+
+class OpenAIBackendParams(_Section):
+    """Any OpenAI-compatible server (vLLM serve, SGLang, TGI, transformers serve): see sample.server."""
+
+    name: Literal["openai"] = "openai"
+    api: Literal["completions", "chat"] = Field(
+        "completions", description="completions: the formatted prompt as text (exact); chat: /v1/chat/completions.",
+    )
+    concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+    timeout_s: float = Field(120.0, gt=0, description="Limit per request.")
+    retries: int = Field(3, ge=0, description="Retries of a failed request (connection errors, 5xx, 429), with backoff.")
+    backoff_s: float = Field(0.5, ge=0, description="First retry's wait; doubles each retry.")
+
+
+SampleBackend = Annotated[
+    Union[HfBackendParams, VllmBackendParams, OpenAIBackendParams], Field(discriminator="name")
+]
+
+
+class ServerParams(_Section):
+    """The OpenAI-compatible inference server the ``openai`` backend talks to."""
+
+    managed: bool = Field(
+        False, description="Start a server on the champion for the sample and evaluate stages and stop it afterwards.",
+    )
+    url: Optional[str] = Field(
+        None, description="An external server's base URL (http://host:port/v1); it must serve the champion.",
+    )
+    model: Optional[str] = Field(
+        None, description="The model name an external server serves; empty: the champion's fingerprint must match.",
+    )
+    command: Literal["auto", "vllm", "transformers"] = Field(
+        "auto", description="What a managed server runs: vllm serve on a GPU, transformers serve on CPU (auto).",
+    )
+    port: int = Field(0, ge=0, lt=65536, description="Port of a managed server; 0: a free one.")
+    startup_timeout_s: float = Field(300.0, gt=0, description="How long a managed server may take to become ready.")
+
+
 class SampleParams(SamplingSettings):
-    backend: Literal["hf"] = "hf"
+    backend: SampleBackend = Field(
+        default_factory=HfBackendParams,
+        description="hf | vllm | openai, or a mapping {name: ..., options}; see the README.",
+    )
+    server: ServerParams = ServerParams()
+    prompt_format: Literal["auto", "raw", "chat"] = Field(
+        "auto", description="raw: the task prompt as text; chat: the tokenizer's chat template; "
+                            "auto: chat when the tokenizer has a template and the model is not the built-in.",
+    )
+    system_prompt: Optional[str] = Field(None, description="System message of chat prompts; empty: none.")
     settings_mismatch: Literal["error", "warn"] = Field(
         "error", description="When the settings differ from those a model's rollouts used: fail, or warn."
     )
     k: int = Field(8, gt=0, description="Samples per task.")
     batch_size: int = Field(256, gt=0, description="Sequences generated together.")
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_by_name(cls, value: Any) -> Any:
+        # `backend: openai` is shorthand for `backend: {name: openai}` with its defaults.
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _server_fits_backend(self) -> "SampleParams":
+        name = self.backend.name
+        server = self.server
+        if name == "openai" and not server.managed and not server.url:
+            raise ValueError("sample.backend is openai but sample.server has neither managed: true nor a url")
+        if name == "openai" and server.managed and server.url:
+            raise ValueError(f"sample.server.managed is true and sample.server.url is {server.url!r}: "
+                             "a managed server has its own URL; set one or the other")
+        if name != "openai" and (server.managed or server.url):
+            what = "managed: true" if server.managed else f"url: {server.url!r}"
+            raise ValueError(f"sample.server has {what} but sample.backend is {name!r}; "
+                             "only the openai backend talks to a server")
+        return self
 
 
 class RewardParams(_Section):
@@ -273,6 +362,10 @@ class TrainParams(_Section):
     checkpoint_every: int = Field(
         25, ge=0, description="Save the training state every N steps; a killed train stage resumes from it (0: never)."
     )
+    micro_batch_size: int = Field(
+        0, ge=0, description="Examples per forward pass, gradients accumulated up to batch_size (0: the whole batch).",
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% slower.")
     shaping: ShapingParams = ShapingParams()
     grpo: GrpoParams = GrpoParams()
     replay: ReplayParams = ReplayParams()
@@ -286,6 +379,7 @@ class WarmstartParams(_Section):
     lr: float = Field(2e-3, gt=0)
     warmup_steps: int = Field(20, ge=0)
     tokenizer_corpus_tasks: int = Field(2000, gt=0, description="Generated tasks the builtin tokenizer is trained on.")
+    lora: bool = Field(False, description="Warm-start a real model with LoRA adapters (train.lora's settings), merged.")
 
 
 class EvaluateParams(_Section):
@@ -330,6 +424,20 @@ class Params(_Section):
     gate: GateParams = GateParams()
     tracking: TrackingParams = TrackingParams()
     versioning: VersioningParams = VersioningParams()
+
+    @model_validator(mode="after")
+    def _combinations_that_work(self) -> "Params":
+        # Refused here, at load, rather than in the train stage after sampling and reward have run.
+        if self.train.mode == "grpo" and self.sample.temperature == 0:
+            raise ValueError("train.mode is grpo but sample.temperature is 0: greedy samples of a task are "
+                             "identical, so no group has a reward spread to learn from")
+        if self.sample.backend.name == "vllm" and self.model.device == "cpu":
+            raise ValueError("sample.backend is vllm but model.device is cpu: vLLM samples on GPUs; "
+                             "use the hf backend on CPU, or model.device auto | cuda")
+        if self.train.micro_batch_size > self.train.batch_size:
+            raise ValueError(f"train.micro_batch_size ({self.train.micro_batch_size}) must not exceed "
+                             f"train.batch_size ({self.train.batch_size})")
+        return self
 
     def stage_seed(self, stage: str, per_iteration: bool = True) -> int:
         """A seed per stage (and per iteration unless ``per_iteration`` is False), so no two stages
