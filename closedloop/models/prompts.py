@@ -1,0 +1,74 @@
+"""How a task prompt becomes the model's input: as raw text, or through the tokenizer's chat template.
+
+One object, used by sampling, training and evaluation alike, so the model is trained on exactly the
+token sequence it is sampled with. Its record (the format, a hash of the template, the system prompt)
+travels in every model directory's ``closedloop_sampling.json`` and is part of the mismatch check:
+a model trained on chat-formatted prompts and sampled on raw ones is a silent distribution shift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    kind: str  # "raw" | "chat"
+    system_prompt: str | None = None
+
+    def render(self, tokenizer: Any, prompt: str) -> str:
+        """The text the model reads before its completion."""
+        if self.kind == "raw":
+            return prompt
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        messages.append({"role": "user", "content": prompt})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    @property
+    def add_special_tokens(self) -> bool:
+        # A chat template writes its own BOS / special tokens as text; adding them again would double them.
+        return self.kind == "raw"
+
+    def encode(self, tokenizer: Any, prompt: str) -> list[int]:
+        """Token ids of the rendered prompt, exactly as every sampler and trainer feeds them."""
+        return tokenizer(self.render(tokenizer, prompt), add_special_tokens=self.add_special_tokens)["input_ids"]
+
+    def record(self, tokenizer: Any) -> dict[str, Any]:
+        """What the saved sampling settings hold about the prompt (see models/settings.py)."""
+        return {"prompt_format": self.kind,
+                "chat_template": template_hash(tokenizer) if self.kind == "chat" else None,
+                "system_prompt": self.system_prompt if self.kind == "chat" else None}
+
+
+def template_hash(tokenizer: Any) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    if isinstance(template, dict):  # several named templates
+        template = "\n".join(f"{name}:{text}" for name, text in sorted(template.items()))
+    return hashlib.sha256(template.encode()).hexdigest()[:16]
+
+
+class PromptFormatError(ValueError):
+    pass
+
+
+def prompt_format(sample: Any, model: Any, tokenizer: Any) -> PromptFormat:
+    """The format ``sample.prompt_format`` asks for, for this tokenizer and model params.
+
+    ``auto`` is chat when the tokenizer has a chat template and the model is not the built-in (whose
+    tokenizer has none and which learns from raw continuations); ``chat`` without a template is refused.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    kind = sample.prompt_format
+    if kind == "auto":
+        kind = "chat" if has_template and not str(model.name_or_path).startswith(BUILTIN_PREFIX) else "raw"
+    if kind == "chat" and not has_template:
+        raise PromptFormatError(
+            f"sample.prompt_format is chat but the tokenizer of model {model.name_or_path!r} has no chat "
+            "template; use prompt_format: raw, or a model whose tokenizer_config.json has a chat_template")
+    return PromptFormat(kind, sample.system_prompt)
