@@ -101,7 +101,7 @@ def final_check(base: Path, finals: dict[str, Path], samples: int) -> dict:
     results = {}
     with EnvPools(params) as verifiers:
         def run(model: Path) -> dict:
-            return evaluate_policy(model, tasks, settings=params.sample, samples_per_task=samples,
+            return evaluate_policy(model, tasks, params=params, samples_per_task=samples,
                                    seed=params.stage_seed("final_check", False), batch_size=params.evaluate.batch_size,
                                    verifiers=verifiers)
 

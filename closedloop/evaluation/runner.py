@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from closedloop.config import SamplingSettings
+from closedloop.config import Params
 from closedloop.envs.base import Task
 from closedloop.evaluation.stats import summarize
 
@@ -15,7 +15,7 @@ def evaluate_policy(
     model_dir: Path,
     tasks: list[Task],
     *,
-    settings: SamplingSettings,
+    params: Params,
     samples_per_task: int,
     seed: int,
     batch_size: int,
@@ -25,16 +25,16 @@ def evaluate_policy(
     """pass@1 over ``samples_per_task`` samples per task, overall and per env/slice.
 
     Champion and candidate are evaluated with the same seed and settings, so the comparison is paired.
+    The completions come from the sampler ``params.sample.backend`` names (see sampling/base.py).
     """
-    from closedloop.models.loading import load_policy, model_fingerprint
-    from closedloop.sampling.hf import generate
+    from closedloop.models.loading import model_fingerprint
+    from closedloop.sampling.base import check_prompt_lengths, open_sampler
 
-    model, tokenizer = load_policy(model_dir)
-    generations, stats = generate(
-        model, tokenizer, [task.prompt for task in tasks], k=samples_per_task,
-        temperature=settings.temperature, top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
-        stop=list(settings.stop), seed=seed, batch_size=batch_size, progress=progress,
-    )
+    prompts = [task.prompt for task in tasks]
+    with open_sampler(params, model_dir) as sampler:
+        check_prompt_lengths(sampler, prompts, [t.task_id for t in tasks], params.sample.max_new_tokens)
+        generations, stats = sampler.sample(prompts, k=samples_per_task, seed=seed, batch_size=batch_size,
+                                            progress=progress)
     passes = verify_grouped(tasks, generations, verifiers)
     per_task = [
         {"task_id": t.task_id, "env": t.env, "slice": t.slice, "n": samples_per_task, "c": passes[t.task_id]}

@@ -2,7 +2,7 @@
 
 Every model directory the loop writes carries ``closedloop_sampling.json``. Sampling that model with
 other settings is a silent distribution shift (a policy trained on temperature-1.0 rollouts sampled
-greedily, a different stop list, a chat template applied or not), so it fails, or warns where
+greedily, a different stop list, a chat template applied or not, or another template), so it fails, or warns where
 params.yaml says ``sample.settings_mismatch: warn``, naming each difference.
 """
 
@@ -13,27 +13,41 @@ from pathlib import Path
 from typing import Any
 
 SETTINGS_FILE = "closedloop_sampling.json"
-FIELDS = ("temperature", "top_p", "max_new_tokens", "stop", "chat_template")
+FIELDS = ("temperature", "top_p", "max_new_tokens", "stop", "prompt_format", "chat_template", "system_prompt")
+# The prompt fields of a model saved before they were recorded: raw prompts, no template.
+RAW_PROMPT = {"prompt_format": "raw", "chat_template": None, "system_prompt": None}
 
 
 class SettingsMismatch(ValueError):
     pass
 
 
-def settings_record(settings: Any) -> dict[str, Any]:
-    """The recorded fields of a SamplingSettings; no chat template is applied to prompts (yet)."""
+def settings_record(settings: Any, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The recorded fields of a SamplingSettings and of the prompt format (a PromptFormat.record():
+    the format, the chat template's hash, the system prompt; raw prompts when None)."""
     return {
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "max_new_tokens": settings.max_new_tokens,
         "stop": list(settings.stop),
-        "chat_template": None,
+        **(prompt or RAW_PROMPT),
     }
 
 
-def save_settings(model_dir: Path, settings: Any) -> None:
+def prompt_record_of(model_dir: Path, params: Any) -> dict[str, Any]:
+    """The prompt format ``params`` gives the model in ``model_dir`` (its own tokenizer decides
+    whether ``prompt_format: auto`` means chat), as recorded with the sampling settings."""
+    from transformers import AutoTokenizer
+
+    from closedloop.models.prompts import prompt_format
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return prompt_format(params.sample, params.model, tokenizer).record(tokenizer)
+
+
+def save_settings(model_dir: Path, settings: Any, prompt: dict[str, Any] | None = None) -> None:
     path = Path(model_dir) / SETTINGS_FILE
-    path.write_text(json.dumps(settings_record(settings), sort_keys=True, indent=2) + "\n")
+    path.write_text(json.dumps(settings_record(settings, prompt), sort_keys=True, indent=2) + "\n")
 
 
 def read_settings(model_dir: Path) -> dict[str, Any] | None:
@@ -43,6 +57,7 @@ def read_settings(model_dir: Path) -> dict[str, Any] | None:
 
 
 def differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
+    saved = {**RAW_PROMPT, **saved}
     return [
         f"{name}: the model's rollouts used {saved.get(name)!r}, requested {requested.get(name)!r}"
         for name in FIELDS
@@ -50,13 +65,15 @@ def differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
     ]
 
 
-def check_settings(model_dir: Path, settings: Any, on_mismatch: str) -> list[str]:
-    """Compare a model's saved settings with the requested ones; raise on a difference unless
-    ``on_mismatch`` is "warn". Returns the differences (empty when they agree or none were saved)."""
+def check_settings(model_dir: Path, settings: Any, on_mismatch: str,
+                   prompt: dict[str, Any] | None = None) -> list[str]:
+    """Compare a model's saved settings (and prompt format) with the requested ones; raise on a
+    difference unless ``on_mismatch`` is "warn". Returns the differences (empty when they agree or
+    none were saved)."""
     saved = read_settings(model_dir)
     if saved is None:
         return []
-    found = differences(saved, settings_record(settings))
+    found = differences(saved, settings_record(settings, prompt))
     if found and on_mismatch != "warn":
         raise SettingsMismatch(
             f"{model_dir}: sampling settings differ from those its training rollouts used "

@@ -49,6 +49,8 @@ def generate(
     seed: int,
     batch_size: int,
     progress: bool = False,
+    add_special_tokens: bool = True,
+    context_length: int | None = None,
 ) -> tuple[list[list[Generation]], GenerationStats]:
     """k completions for each prompt; ``result[i][j]`` is the j-th sample of prompt i.
 
@@ -56,6 +58,10 @@ def generate(
     (at least one). ``temperature == 0`` is greedy: each prompt is decoded once and repeated k times.
     Batch b draws from a generator seeded with ``seed + b``: the same inputs, settings and seed give
     the same texts; a different ``batch_size`` regroups rows and so gives different samples.
+
+    ``add_special_tokens`` is False for prompts a chat template rendered (they hold their own special
+    tokens). With ``context_length``, a row stops (finish reason "length") when prompt + completion
+    fill the context, rather than running past the position embeddings.
     """
     import torch
     from tqdm.auto import tqdm
@@ -69,7 +75,7 @@ def generate(
     prompts_per_batch = max(1, batch_size // per_prompt)
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
-    encoded = tokenizer(list(prompts), add_special_tokens=True)["input_ids"] if prompts else []
+    encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"] if prompts else []
 
     was_training = model.training
     model.eval()
@@ -86,7 +92,7 @@ def generate(
                 tokens, logprobs, eos_hit = _decode_batch(
                     model, chunk, per_prompt, pad_id=pad_id, eos_ids=eos_ids, stop=stop,
                     max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=generator,
-                    tokenizer=tokenizer,
+                    tokenizer=tokenizer, context_length=context_length,
                 )
                 texts = _completion_texts(tokenizer, rows, tokens)
                 latency = time.perf_counter() - batch_start
@@ -140,6 +146,7 @@ def _decode_batch(
     top_p: float,
     generator: Any,
     tokenizer: Any,
+    context_length: int | None = None,
 ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
     """Decode ``per_prompt`` rows per prompt, prompt by prompt.
 
@@ -159,6 +166,8 @@ def _decode_batch(
     cache_arg, cache = _new_cache(model, capacity=width + max_new_tokens)
 
     n_rows = len(prompts) * per_prompt
+    # Tokens a row may hold in all before it fills the context (no limit: never reached).
+    room = [(context_length or 1 << 30) - len(prompts[row // per_prompt]) for row in range(n_rows)]
     new_tokens: list[list[int]] = [[] for _ in range(n_rows)]
     new_logprobs: list[list[float]] = [[] for _ in range(n_rows)]
     eos_hit = [False] * n_rows
@@ -192,6 +201,8 @@ def _decode_batch(
             if is_eos[i]:
                 eos_hit[row] = True
                 live[i] = False
+            elif len(new_tokens[row]) >= room[row]:
+                live[i] = False  # the context is full: this row ends here, finish reason "length"
             else:
                 checking.append(i)
         if stop_checker.enabled and checking:

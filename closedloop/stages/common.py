@@ -132,12 +132,15 @@ class EnvPools:
 
 
 def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:
-    """The requested sampling settings against those the model's rollouts used (see models/settings.py)."""
-    from closedloop.models.settings import SettingsMismatch, check_settings
+    """The requested sampling settings and prompt format against those the model's rollouts used
+    (see models/settings.py)."""
+    from closedloop.models.prompts import PromptFormatError
+    from closedloop.models.settings import SettingsMismatch, check_settings, prompt_record_of
 
     try:
-        found = check_settings(model_dir, params.sample, params.sample.settings_mismatch)
-    except SettingsMismatch as error:
+        prompt = prompt_record_of(model_dir, params)
+        found = check_settings(model_dir, params.sample, params.sample.settings_mismatch, prompt)
+    except (SettingsMismatch, PromptFormatError) as error:
         raise StageError(str(error)) from None
     for line in found:
         print(f"closedloop: warning: {model_dir}: {line}", file=sys.stderr)

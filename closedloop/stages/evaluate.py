@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from closedloop.evaluation.runner import evaluate_policy
 from closedloop.io import write_json
-from closedloop.stages.common import EnvPools, StageContext, check_sampling_settings, load_tasks
+from closedloop.sampling.base import SamplingError
+from closedloop.stages.common import EnvPools, StageContext, StageError, check_sampling_settings, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
@@ -16,10 +17,13 @@ def run(ctx: StageContext) -> dict:
         check_sampling_settings(model_dir, params)
     with EnvPools(params) as verifiers:
         for role, model_dir in (("champion", ctx.ws.champion), ("candidate", ctx.ws.candidate)):
-            results[role] = evaluate_policy(
-                model_dir, tasks, settings=params.sample, samples_per_task=params.evaluate.samples_per_task,
-                seed=seed, batch_size=params.evaluate.batch_size, verifiers=verifiers, progress=ctx.progress,
-            )
+            try:
+                results[role] = evaluate_policy(
+                    model_dir, tasks, params=params, samples_per_task=params.evaluate.samples_per_task,
+                    seed=seed, batch_size=params.evaluate.batch_size, verifiers=verifiers, progress=ctx.progress,
+                )
+            except SamplingError as error:
+                raise StageError(f"evaluate {role} ({params.sample.backend.name} backend): {error}") from None
     write_json(ctx.ws.evaluation, results)
     metrics = {}
     for role, result in results.items():

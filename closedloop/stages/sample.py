@@ -10,24 +10,27 @@ from __future__ import annotations
 from collections import Counter
 
 from closedloop.io import write_jsonl
-from closedloop.stages.common import StageContext, check_sampling_settings, load_tasks
+from closedloop.stages.common import StageContext, StageError, check_sampling_settings, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
-    from closedloop.models.loading import load_policy, model_fingerprint
-    from closedloop.sampling.hf import generate
+    from closedloop.models.loading import model_fingerprint
+    from closedloop.sampling.base import SamplingError, check_prompt_lengths, open_sampler
 
     settings = ctx.params.sample
     tasks = load_tasks(ctx.ws.tasks)
     mismatches = check_sampling_settings(ctx.ws.champion, ctx.params)
-    model, tokenizer = load_policy(ctx.ws.champion)
     model_version = model_fingerprint(ctx.ws.champion)
     seed = ctx.seed("sample")
-    generations, stats = generate(
-        model, tokenizer, [task.prompt for task in tasks], k=settings.k, temperature=settings.temperature,
-        top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, stop=list(settings.stop), seed=seed,
-        batch_size=settings.batch_size, progress=ctx.progress,
-    )
+    prompts = [task.prompt for task in tasks]
+    try:
+        with open_sampler(ctx.params, ctx.ws.champion) as sampler:
+            check_prompt_lengths(sampler, prompts, [t.task_id for t in tasks], settings.max_new_tokens)
+            generations, stats = sampler.sample(prompts, k=settings.k, seed=seed, batch_size=settings.batch_size,
+                                                progress=ctx.progress)
+            capabilities, prompt_format = sampler.capabilities, sampler.prompt_record["prompt_format"]
+    except SamplingError as error:
+        raise StageError(f"sample ({settings.backend.name} backend): {error}") from None
     samples, timings, rollouts = [], [], []
     for task, task_samples in zip(tasks, generations):
         for index, sample in enumerate(task_samples):
@@ -35,14 +38,16 @@ def run(ctx: StageContext) -> dict:
             samples.append({
                 "sample_id": sample_id, "task_id": task.task_id, "env": task.env, "slice": task.slice,
                 "kind": task.kind, "sample_index": index, "completion": sample.text,
-                "model_version": model_version, "backend": settings.backend, "temperature": settings.temperature,
+                "model_version": model_version, "backend": settings.backend.name,
+                "temperature": settings.temperature,
                 "top_p": settings.top_p, "max_new_tokens": settings.max_new_tokens, "k": settings.k, "seed": seed,
                 "prompt_tokens": sample.prompt_tokens, "completion_tokens": sample.completion_tokens,
                 "finish_reason": sample.finish_reason,
             })
             timings.append({"sample_id": sample_id, "latency_s": round(sample.latency_s, 4)})
+            # logprobs null: the backend gave none; GRPO recomputes them under the champion.
             rollouts.append({"sample_id": sample_id, "token_ids": list(sample.token_ids),
-                             "logprobs": [round(lp, 6) for lp in sample.logprobs]})
+                             "logprobs": None if sample.logprobs is None else [round(lp, 6) for lp in sample.logprobs]})
     write_jsonl(ctx.ws.samples, samples)
     write_jsonl(ctx.ws.sample_timings, timings)
     write_jsonl(ctx.ws.rollouts, rollouts)
@@ -54,4 +59,7 @@ def run(ctx: StageContext) -> dict:
         "samples_per_s": round(stats.samples_per_s, 1),
         "finish_reasons": dict(Counter(s["finish_reason"] for s in samples)),
         "settings_mismatches": mismatches,
+        "backend": settings.backend.name,
+        "prompt_format": prompt_format,
+        "logprobs_from": "sampler" if capabilities.logprobs else "trainer",
     }

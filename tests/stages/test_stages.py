@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from closedloop.config import load_params
+from closedloop.config import ConfigError, load_params
 from closedloop.io import read_json, read_jsonl, replace_dir
 from closedloop.stages import StageError, run_stage
 from closedloop.workspace import Workspace
@@ -330,7 +330,8 @@ def test_grpo_refuses_greedy_rollouts(done, tmp_path):
     data.setdefault("sample", {})["temperature"] = 0.0
     (ws.root / "params.yaml").write_text(yaml.safe_dump(data))
     before = ws.candidate.joinpath("model.safetensors").read_bytes()
-    with pytest.raises(StageError, match="temperature is 0"):
+    # Refused when params.yaml loads, naming both keys: before sampling and reward have run, not after.
+    with pytest.raises(ConfigError, match="train.mode is grpo but sample.temperature is 0"):
         run_stage("train", ws.root)
     assert ws.candidate.joinpath("model.safetensors").read_bytes() == before  # nothing written
 

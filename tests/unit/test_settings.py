@@ -36,7 +36,23 @@ class TestDifferences:
         assert read_settings(tmp_path) is None
         assert check_settings(tmp_path, SampleParams(temperature=0.1), "error") == []
 
-    def test_chat_template_is_recorded(self, tmp_path):
+    def test_raw_prompts_are_recorded_without_a_template(self, tmp_path):
         save_settings(tmp_path, SampleParams())
-        assert read_settings(tmp_path)["chat_template"] is None
-        assert differences({"chat_template": "chatml"}, {"chat_template": None})[0].startswith("chat_template")
+        saved = read_settings(tmp_path)
+        assert (saved["prompt_format"], saved["chat_template"], saved["system_prompt"]) == ("raw", None, None)
+
+    @pytest.mark.parametrize("prompt, named", [
+        # another template (its hash) on the same chat format
+        ({"prompt_format": "chat", "chat_template": "bbbb", "system_prompt": None}, ["chat_template"]),
+        # the template dropped altogether: raw continuations
+        ({"prompt_format": "raw", "chat_template": None, "system_prompt": None}, ["prompt_format", "chat_template"]),
+        ({"prompt_format": "chat", "chat_template": "aaaa", "system_prompt": "Be brief."}, ["system_prompt"]),
+    ])
+    def test_each_prompt_difference_is_named(self, tmp_path, prompt, named):
+        save_settings(tmp_path, SampleParams(), {"prompt_format": "chat", "chat_template": "aaaa", "system_prompt": None})
+        found = check_settings(tmp_path, SampleParams(), "warn", prompt)
+        assert [line.split(":")[0] for line in found] == named
+
+    def test_a_model_saved_before_prompt_formats_counts_as_raw(self, tmp_path):
+        # closedloop_sampling.json of earlier versions had no prompt_format / system_prompt keys
+        assert differences({"chat_template": None}, {**differences.__globals__["RAW_PROMPT"]}) == []

@@ -1,0 +1,40 @@
+"""The ``hf`` backend: transformers in this process, through the decoder in sampling/hf.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from closedloop.sampling.base import Capabilities, Completion, SamplerBase, SamplingStats
+
+
+class HfSampler(SamplerBase):
+    backend = "hf"
+    capabilities = Capabilities(token_ids=True, logprobs=True, seeded=True)
+
+    def __init__(self, params: Any, model_dir: Path) -> None:
+        super().__init__(params, model_dir)
+        from closedloop.models.loading import load_policy
+
+        model = params.model
+        self.model, tokenizer = load_policy(model_dir)  # TODO(device): device=model.device, dtype=model.dtype
+        self._resolve_prompt_format(tokenizer)
+        self.context_length = getattr(self.model.config, "max_position_embeddings", None)
+
+    def sample(self, prompts: list[str], *, k: int, seed: int, batch_size: int,
+               progress: bool = False) -> tuple[list[list[Completion]], SamplingStats]:
+        from closedloop.sampling.hf import generate
+
+        s = self.settings
+        generations, stats = generate(
+            self.model, self.tokenizer, self.render(prompts), k=k, temperature=s.temperature, top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens, stop=list(s.stop), seed=seed, batch_size=batch_size, progress=progress,
+            add_special_tokens=self.prompt_format.add_special_tokens, context_length=self.context_length,
+        )
+        results = [[Completion(text=g.text, token_ids=g.token_ids, finish_reason=g.finish_reason,
+                               prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens,
+                               logprobs=g.logprobs, latency_s=g.latency_s) for g in row] for row in generations]
+        return results, SamplingStats.of(results, stats.wall_s)
+
+    def close(self) -> None:
+        self.model = None
