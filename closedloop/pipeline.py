@@ -27,7 +27,11 @@ class StageSpec:
 
 
 SAMPLING_KEYS = ("sample.temperature", "sample.top_p", "sample.max_new_tokens", "sample.stop",
-                 "sample.settings_mismatch")
+                 "sample.settings_mismatch", "sample.prompt_format", "sample.system_prompt")
+# What runs a model: the backend and its server, and the model's device and dtype (numerics differ).
+# model.name_or_path decides what prompt_format auto means.
+MODEL_KEYS = ("model.name_or_path", "model.device", "model.dtype")
+INFERENCE_KEYS = ("sample.backend", "sample.server", *MODEL_KEYS)
 SANDBOX_KEYS = ("reward.workers",)  # the limits and isolation are under envs.<name>.sandbox
 
 STAGES: tuple[StageSpec, ...] = (
@@ -40,7 +44,8 @@ STAGES: tuple[StageSpec, ...] = (
         ("stages/warmstart.py", "envs", "rewards/validators.py", "models", "training", "sampling", "evaluation",
          "sandbox"),
         (ws.BENCHMARK_TASKS,),
-        ("project.seed", "model", "warmstart", "envs", "evaluate", *SAMPLING_KEYS, *SANDBOX_KEYS),
+        ("project.seed", "model", "warmstart", "envs", "evaluate", "train.lora", *SAMPLING_KEYS,
+         "sample.backend", "sample.server", *SANDBOX_KEYS),
         (ws.REFERENCES, ws.WARMSTART_MODEL, ws.WARMSTART_EVAL),
     ),
     StageSpec(
@@ -49,7 +54,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         "sample", ("stages/sample.py", "sampling", "models"), (ws.TASKS, ws.CHAMPION),
-        ("project.seed", "loop.iteration", "sample"), (ws.SAMPLES, ws.SAMPLE_TIMINGS, ws.ROLLOUTS),
+        ("project.seed", "loop.iteration", "sample", *MODEL_KEYS), (ws.SAMPLES, ws.SAMPLE_TIMINGS, ws.ROLLOUTS),
     ),
     StageSpec(
         "reward", ("stages/reward.py", "envs", "sandbox", "rewards"), (ws.TASKS, ws.SAMPLES),
@@ -70,12 +75,13 @@ STAGES: tuple[StageSpec, ...] = (
         "train", ("stages/train.py", "training", "models", "rewards/shaping.py", "lineage/dvc.py"),
         (ws.TRAIN_SET, ws.REFERENCES, ws.CHAMPION, ws.VALIDATION_DIR, ws.TASKS, ws.SAMPLES, ws.REWARDS,
          ws.ROLLOUTS),
-        ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS), (ws.CANDIDATE,),
+        ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS, *MODEL_KEYS), (ws.CANDIDATE,),
     ),
     StageSpec(
         "evaluate", ("stages/evaluate.py", "evaluation", "sampling", "models", "envs", "rewards/validators.py", "sandbox"),
         (ws.BENCHMARK_TASKS, ws.CHAMPION, ws.CANDIDATE),
-        ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *SANDBOX_KEYS), (ws.EVALUATION,),
+        ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *INFERENCE_KEYS, *SANDBOX_KEYS),
+        (ws.EVALUATION,),
     ),
     StageSpec(
         "gate", ("stages/gate.py", "evaluation/gate.py"), (ws.EVALUATION,), ("gate",), (ws.GATE,),
