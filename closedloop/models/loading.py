@@ -20,9 +20,60 @@ class ModelLoadError(RuntimeError):
     """A policy model or its tokenizer could not be loaded; the message names what was asked for."""
 
 
-def load_policy(name_or_path: str | Path) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a local directory or a hub id: float32, CPU, eval mode.
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
+
+def resolve_device(device: str = "auto") -> str:
+    """``model.device`` as a torch device name: auto is cuda when torch sees a GPU, else cpu.
+
+    Asking for cuda where there is none is an error naming the key, not a silent fall-back to CPU
+    (a run meant for a GPU would otherwise take hours on the CPU and look like it worked).
+    """
+    if device not in DEVICES:
+        raise ModelLoadError(f"model.device {device!r}: expected one of {', '.join(DEVICES)}")
+    import torch
+
+    available = torch.cuda.is_available()
+    if device == "auto":
+        return "cuda" if available else "cpu"
+    if device == "cuda" and not available:
+        raise ModelLoadError(
+            "model.device is cuda but torch sees no CUDA GPU (torch.cuda.is_available() is False, torch "
+            f"{torch.__version__}); set model.device: auto or cpu in params.yaml"
+        )
+    return device
+
+
+def resolve_dtype(dtype: str = "auto", device: str = "cpu", config: Any = None) -> Any:
+    """``model.dtype`` as a torch dtype.
+
+    auto is the dtype the model's config.json names (``dtype``, or ``torch_dtype`` in older files):
+    float32 for the built-in, bfloat16 for most published models, whatever the device. A config that
+    names none gets float32 on cpu and bfloat16 on cuda. An explicit dtype wins over the config.
+    """
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"model.dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    import torch
+
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if config is not None and not isinstance(config, dict):
+        config = config.to_dict()  # a transformers config; 4.x names the field torch_dtype, 5.x dtype
+    config = config or {}
+    own = config.get("dtype") or config.get("torch_dtype")
+    if isinstance(own, str):
+        own = getattr(torch, own.removeprefix("torch."), None)
+    if isinstance(own, torch.dtype) and own.is_floating_point:
+        return own
+    return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def load_policy(name_or_path: str | Path, *, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from a local directory or a hub id, in eval mode.
+
+    ``device`` and ``dtype`` are params.yaml's ``model.device`` / ``model.dtype`` (see resolve_device
+    and resolve_dtype): the built-in loads as float32 on the CPU, exactly as before they existed.
     The tokenizer pads on the left, because generation appends to the right end of every row.
     """
     name = str(name_or_path)
@@ -37,17 +88,18 @@ def load_policy(name_or_path: str | Path) -> tuple[Any, Any]:
         raise ModelLoadError(f"model directory {name!r} does not exist")
     if is_local and not (path / "config.json").is_file():
         raise ModelLoadError(f"{name!r} is not a Hugging Face model directory (no config.json)")
+    device = resolve_device(device)
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per load drowns the loop's own bars
     source = str(path) if is_local else name
     def load(local_files_only: bool) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+        config = AutoConfig.from_pretrained(source, local_files_only=local_files_only)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.float32, local_files_only=local_files_only
+            source, config=config, dtype=resolve_dtype(dtype, device, config), local_files_only=local_files_only
         )
         return model, tokenizer
 
@@ -65,7 +117,7 @@ def load_policy(name_or_path: str | Path) -> tuple[Any, Any]:
                 f"could not load model {name!r}: not in the local Hugging Face cache and not downloadable "
                 f"from the hub: {error}"
             ) from error
-    model.to("cpu").eval()
+    model.to(device).eval()
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -79,7 +131,11 @@ def _hub_offline() -> bool:
 
 
 def save_policy(model: Any, tokenizer: Any, out_dir: Path) -> None:
-    """Save model and tokenizer into ``out_dir``; identical weights give byte-identical files."""
+    """Save model and tokenizer into ``out_dir``; identical weights give byte-identical files.
+
+    The weights are written in the dtype the model is in (save_pretrained neither up- nor downcasts,
+    and writes that dtype into config.json), so a bfloat16 model stays bfloat16 from load to save.
+    """
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar per save

@@ -260,3 +260,96 @@ class TestModelFingerprint:
         fingerprint = model_fingerprint(tmp_path / "A")
         assert len(fingerprint) == 16 and int(fingerprint, 16) >= 0
         assert (fingerprint == model_fingerprint(tmp_path / "B")) is same
+
+
+class TestDeviceAndDtype:
+    @pytest.fixture(scope="class")
+    def bf16_dir(self, model_dir, tmp_path_factory):
+        """The builtin saved in bfloat16, as most published models are."""
+        import torch
+
+        model, tokenizer = load_policy(model_dir)
+        out = tmp_path_factory.mktemp("bf16") / "model"
+        save_policy(model.to(torch.bfloat16), tokenizer, out)
+        return out
+
+    def test_the_builtin_stays_float32_on_the_cpu_and_loads_as_before(self, model_dir):
+        import torch
+
+        model, _ = load_policy(model_dir, device="cpu", dtype="auto")
+        assert model.dtype == torch.float32 and model.device.type == "cpu"
+        assert json.loads((model_dir / "config.json").read_text())["dtype"] == "float32"
+        assert _state_equal(model, load_policy(model_dir)[0])
+
+    def test_a_bfloat16_model_loads_and_saves_as_bfloat16(self, bf16_dir, tmp_path):
+        import torch
+        from safetensors.torch import load_file
+
+        model, tokenizer = load_policy(bf16_dir)
+        assert model.dtype == torch.bfloat16
+        save_policy(model, tokenizer, tmp_path / "again")
+        assert {t.dtype for t in load_file(tmp_path / "again" / "model.safetensors").values()} == {torch.bfloat16}
+        assert json.loads((tmp_path / "again" / "config.json").read_text())["dtype"] == "bfloat16"
+        assert model_fingerprint(tmp_path / "again") == model_fingerprint(bf16_dir)
+
+    def test_an_explicit_dtype_wins(self, bf16_dir):
+        import torch
+
+        assert load_policy(bf16_dir, dtype="float32")[0].dtype == torch.float32
+
+    @pytest.mark.parametrize("config, device, expected", [
+        ({"dtype": "bfloat16"}, "cpu", "bfloat16"),  # the model's own, whatever the device
+        ({"torch_dtype": "float16"}, "cuda", "float16"),  # the transformers 4.x name
+        ({"dtype": "float32"}, "cuda", "float32"),  # the builtin on a GPU
+        ({}, "cpu", "float32"),  # none named
+        ({}, "cuda", "bfloat16"),
+        (None, "cpu", "float32"),
+    ])
+    def test_auto_dtype(self, config, device, expected):
+        import torch
+
+        from closedloop.models.loading import resolve_dtype
+
+        assert resolve_dtype("auto", device, config) == getattr(torch, expected)
+        assert resolve_dtype("float16", device, config) == torch.float16
+
+    def test_unknown_values_name_the_key(self):
+        from closedloop.models.loading import resolve_device, resolve_dtype
+
+        with pytest.raises(ModelLoadError, match="model.device 'tpu'"):
+            resolve_device("tpu")
+        with pytest.raises(ModelLoadError, match="model.dtype 'int8'"):
+            resolve_dtype("int8")
+
+    def test_auto_device_is_the_cpu_without_cuda_and_cuda_with_it(self):
+        import torch
+
+        from closedloop.models.loading import resolve_device
+
+        assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert resolve_device("cpu") == "cpu"
+
+    def test_cuda_without_a_gpu_fails_naming_the_key(self, model_dir):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA GPU")
+        with pytest.raises(ModelLoadError, match="model.device is cuda but torch sees no CUDA GPU"):
+            load_policy(model_dir, device="cuda")
+
+    @pytest.mark.gpu
+    def test_on_cuda_a_model_without_a_dtype_loads_as_bfloat16(self, model_dir, tmp_path):
+        import shutil
+
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+        shutil.copytree(model_dir, tmp_path / "m")
+        config = json.loads((tmp_path / "m" / "config.json").read_text())
+        del config["dtype"]
+        (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+        model, _ = load_policy(tmp_path / "m")
+        assert model.device.type == "cuda" and model.dtype == torch.bfloat16
+        model, _ = load_policy(model_dir)  # the builtin names float32: kept on the GPU too
+        assert model.device.type == "cuda" and model.dtype == torch.float32
