@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,14 +57,18 @@ class TrainStats:
     losses: list[float] = field(default_factory=list)
 
 
-def encode_example(tokenizer: Any, example: Example) -> tuple[list[int], list[int]]:
+def encode_example(tokenizer: Any, example: Example,
+                   encode_prompt: Callable[[str], list[int]] | None = None) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)`` of one example; prompt positions carry IGNORE_INDEX.
 
     Prompt and completion are tokenised separately, exactly as at sampling time (where the prompt is
     tokenised with BOS and the model continues it), so training sees the token boundary it will see
     when generating. EOS ends the completion: it is how the model learns to stop.
+
+    ``encode_prompt`` turns a prompt into the token ids the model is sampled on (a chat template, for
+    instance); by default the tokenizer with its special tokens (BOS).
     """
-    prompt_ids = tokenizer(example.prompt, add_special_tokens=True)["input_ids"]
+    prompt_ids = list(encode_prompt(example.prompt)) if encode_prompt else _encode_prompt(tokenizer, example.prompt)
     completion_ids = tokenizer(example.completion, add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -70,6 +76,11 @@ def encode_example(tokenizer: Any, example: Example) -> tuple[list[int], list[in
     input_ids = prompt_ids + completion_ids + [eos]
     labels = [IGNORE_INDEX] * len(prompt_ids) + completion_ids + [eos]
     return input_ids, labels
+
+
+def _encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """A raw prompt as sampling tokenises it: the tokenizer's own special tokens (BOS) included."""
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
 def train_causal_lm(
@@ -84,8 +95,15 @@ def train_causal_lm(
     seed: int,
     progress: bool = False,
     checkpoint: Checkpointing | None = None,
+    micro_batch_size: int = 0,
+    gradient_checkpointing: bool = False,
+    encode_prompt: Callable[[str], list[int]] | None = None,
 ) -> TrainStats:
     """Train ``model`` in place for ``steps`` AdamW steps; returns what happened. Leaves it in eval mode.
+
+    ``micro_batch_size`` (0: the whole batch) and ``gradient_checkpointing`` trade time for memory
+    without changing the result beyond rounding: see :func:`optimize`. ``encode_prompt``: see
+    :func:`encode_example`.
 
     Batches walk through the examples in an order reshuffled every epoch by ``random.Random(seed)``.
     The learning rate rises linearly over ``warmup_steps`` then follows a cosine to ~0 at ``steps``.
@@ -105,7 +123,7 @@ def train_causal_lm(
                           first_loss=None, final_loss=None, losses=[])
 
     limit = getattr(model.config, "max_position_embeddings", None)
-    encoded = [encode_example(tokenizer, example) for example in examples]
+    encoded = [encode_example(tokenizer, example, encode_prompt) for example in examples]
     if limit:
         # Keep the prompt and as much of the completion as fits; the tail is what gets cut.
         encoded = [(ids[:limit], labels[:limit]) for ids, labels in encoded]
@@ -113,14 +131,22 @@ def train_causal_lm(
     batches = _batch_indices(len(encoded), batch_size, steps, random.Random(seed),
                              lengths=[len(ids) for ids, _ in encoded])
 
-    def step_loss(indices: list[int]) -> tuple[Any, int]:
+    # Tokens each example contributes to the loss: labelled positions after the first (position t
+    # predicts token t + 1, so the first label is never a target).
+    loss_tokens = [sum(1 for label in labels[1:] if label != IGNORE_INDEX) for _, labels in encoded]
+
+    def step_loss(indices: list[int], denominator: int | None) -> tuple[Any, int]:
         input_ids, attention_mask, labels = (t.to(model.device) for t in _collate([encoded[i] for i in indices], pad_id))
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        # The batch's own token mean, or (a micro-batch) its token sum over the whole batch's count.
+        extra = {} if denominator is None else {"num_items_in_batch": denominator}
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **extra).loss
         return loss, int(attention_mask.sum())
 
     started = time.perf_counter()
     losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                              checkpoint=checkpoint, progress=progress)
+                              checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
+                              loss_tokens=lambda indices: sum(loss_tokens[i] for i in indices),
+                              gradient_checkpointing=gradient_checkpointing)
     wall = time.perf_counter() - started
     return TrainStats(
         steps=len(losses),
@@ -144,43 +170,63 @@ def optimize(
     seed: int,
     checkpoint: Checkpointing | None = None,
     progress: bool = False,
+    micro_batch_size: int = 0,
+    loss_tokens: Callable[[list[int]], int] | None = None,
+    gradient_checkpointing: bool = False,
+    dropout: bool = True,
 ) -> tuple[list[float], int]:
-    """One AdamW step per batch of example indices; ``step_loss(indices) -> (loss, tokens)``.
+    """One AdamW step per batch of example indices; ``step_loss(indices, denominator) -> (loss, tokens)``.
 
     The loop every training mode shares: warm-up then cosine schedule, gradient clipping at 1.0,
     checkpoints every ``checkpoint.every`` steps and resumption from one (see train_causal_lm).
     Returns every step's loss and the tokens fed. Leaves the model in eval mode.
+
+    ``step_loss`` returns the batch's token-mean loss when ``denominator`` is None. With
+    ``micro_batch_size`` smaller than a batch, each step runs the batch in consecutive micro-batches
+    of that size and accumulates their gradients: ``step_loss(part, denominator)`` then returns the
+    part's summed token losses over ``denominator = loss_tokens(batch)``, the whole batch's loss
+    tokens, so the parts add up to exactly the full batch's mean (the same step, up to rounding).
+
+    ``gradient_checkpointing`` recomputes each layer's activations in backward (transformers'
+    activation checkpointing, KV cache off) for the duration of the run. ``dropout=False`` trains with
+    the model in eval mode, so every dropout of every architecture is off (gradients flow in eval mode
+    just the same): grpo needs its policy ratios taken against the very forward that sampled.
     """
     import torch
     from tqdm.auto import tqdm
 
+    if micro_batch_size < 0:
+        raise ValueError(f"micro_batch_size ({micro_batch_size}) must be >= 0")
+    if micro_batch_size and loss_tokens is None:
+        raise ValueError("micro-batching needs loss_tokens: the token count each micro-batch's loss is divided by")
     steps = len(batches)
     losses: list[float] = []
     tokens = 0
+    devices = _cuda_devices(model)
     # fork_rng: the seed governs this run without resetting the caller's global random stream.
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
         done = 0
         if checkpoint is not None:
             done, losses, tokens = _resume(checkpoint, model, optimizer, scheduler)
-        model.train()
+        model.train(dropout)
         bar = tqdm(total=steps, desc="training", unit="step", disable=not progress, initial=done)
         try:
-            for step, indices in enumerate(batches[done:], start=done + 1):
-                loss, batch_tokens = step_loss(indices)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(float(loss.detach()))
-                tokens += batch_tokens
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-                if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
-                    _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens)
+            with _activation_checkpointing(model, gradient_checkpointing, dropout):
+                for step, indices in enumerate(batches[done:], start=done + 1):
+                    loss_value, batch_tokens = _accumulate(step_loss, indices, micro_batch_size, loss_tokens)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    losses.append(loss_value)
+                    tokens += batch_tokens
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                    if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
+                        _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens)
         finally:
             bar.close()
             model.eval()
@@ -189,6 +235,76 @@ def optimize(
 
         shutil.rmtree(checkpoint.directory, ignore_errors=True)  # done: nothing left to resume
     return losses, tokens
+
+
+def _accumulate(step_loss: Any, indices: list[int], micro_batch_size: int,
+                loss_tokens: Callable[[list[int]], int] | None) -> tuple[float, int]:
+    """Backward through one batch, whole or in micro-batches; returns (the batch's loss, tokens fed)."""
+    if not micro_batch_size or micro_batch_size >= len(indices):
+        loss, tokens = step_loss(indices, None)
+        loss.backward()
+        return float(loss.detach()), tokens
+    denominator = loss_tokens(indices)
+    total, tokens = 0.0, 0
+    for start in range(0, len(indices), micro_batch_size):
+        loss, part_tokens = step_loss(indices[start : start + micro_batch_size], denominator)
+        loss.backward()
+        total += float(loss.detach())
+        tokens += part_tokens
+    return total, tokens
+
+
+def _cuda_devices(model: Any) -> list[int]:
+    """The CUDA device the model is on, for fork_rng and checkpoints (dropout draws from its generator)."""
+    device = getattr(model, "device", None)
+    if device is None or getattr(device, "type", None) != "cuda":
+        return []
+    import torch
+
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+@contextmanager
+def _activation_checkpointing(model: Any, enabled: bool, dropout: bool) -> Iterator[None]:
+    """transformers' activation (gradient) checkpointing on ``model`` while the block runs, KV cache off.
+
+    transformers checkpoints a layer only while that layer is in training mode. When training runs
+    in eval mode (``dropout=False``), the checkpointed layers alone are flagged as training: their
+    submodules (attention, MLP, every dropout) stay in eval mode, so dropout stays off. A layer
+    whose own forward applies dropout (rare; OPT- and Falcon-style blocks do) would then drop out
+    again: grpo's logprob consistency figures would show it.
+    """
+    if not enabled:
+        yield
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"train.gradient_checkpointing: {type(base).__name__} does not support it")
+    # transformers 5.2x renamed gradient_checkpointing_* to activation_checkpointing_* (the old names warn).
+    enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
+    disable = getattr(base, "activation_checkpointing_disable", None) or base.gradient_checkpointing_disable
+    use_cache = getattr(base.config, "use_cache", None)
+    enable()
+    base.config.use_cache = False
+    if not dropout:
+        for module in base.modules():
+            if _is_checkpointed_layer(module):
+                module.training = True  # not .train(): that would switch its submodules' dropout on
+    try:
+        yield
+    finally:
+        disable()
+        if use_cache is not None:
+            base.config.use_cache = use_cache
+        model.eval()
+
+
+def _is_checkpointed_layer(module: Any) -> bool:
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # older transformers: every module with the flag checks its own training mode
+        return getattr(module, "gradient_checkpointing", False) is True
+    return isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing is True
 
 
 def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any, step: int,
@@ -204,6 +320,8 @@ def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, sche
     state = {"identity": checkpoint.identity, "step": step, "losses": losses, "tokens": tokens,
              "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "rng": torch.get_rng_state()}
+    for index in _cuda_devices(model):
+        state["cuda_rng"] = torch.cuda.get_rng_state(index)
     partial = directory / (CHECKPOINT_FILE + ".partial")
     torch.save(state, partial)
     os.replace(partial, directory / CHECKPOINT_FILE)
@@ -229,6 +347,9 @@ def _resume(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: An
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["rng"])
+    for index in _cuda_devices(model):
+        if "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], index)
     return state["step"], list(state["losses"]), state["tokens"]
 
 

@@ -1,7 +1,13 @@
 """Group-relative policy optimisation on a batch of k samples per task, offline.
 
-The sample stage drew the batch from the champion and recorded each completion's tokens and their
-log-probabilities; this trains on exactly those tokens. Each task's samples form a group: a
+The sample stage drew the batch from the champion and recorded each completion's tokens and, where
+the sampling backend returns them, their log-probabilities; this trains on exactly those tokens.
+Before any update a no-grad pass of the model (which is the champion then) computes every
+completion token's log-probability: it stands in for the behaviour log-probabilities a backend did
+not return, and where the backend did return them, the differences are reported (they should be
+rounding noise; anything larger means the sampler and the trainer see different tokens, prompts or
+temperatures). Training runs with dropout off, so the trainer's forward is the sampler's.
+Each task's samples form a group: a
 sample's advantage is its (shaped) reward minus the group's mean, over the group's standard
 deviation, so the update moves toward what beat the other attempts at the same task. A group whose
 rewards are all equal carries no signal and is skipped (and counted). The loss is the clipped
@@ -16,10 +22,11 @@ import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from closedloop.training.causal_lm import Checkpointing, _batch_indices, optimize
+from closedloop.training.causal_lm import Checkpointing, _batch_indices, _encode_prompt, optimize
 
 ZERO_SPREAD = 1e-6  # a group whose reward standard deviation is below this gives no gradient
 
@@ -29,7 +36,9 @@ class Rollout:
     group: str  # the task the sample answers: advantages are relative within it
     prompt: str
     token_ids: tuple[int, ...]  # the completion tokens as sampled (EOS / stop token included)
-    logprobs: tuple[float, ...]  # their log-probabilities under the sampling policy
+    # Their log-probabilities under the sampling policy (logits / temperature); None when the backend
+    # returned none: the trainer computes them under the champion.
+    logprobs: tuple[float, ...] | None
     reward: float
 
 
@@ -47,6 +56,13 @@ class GrpoStats:
     clip_fraction: float  # completion tokens whose ratio left [1 - clip, 1 + clip]
     initial_log_ratio: float  # max |log ratio| on the first batch: ~0 when tokens and logprobs align
     losses: list[float] = field(default_factory=list)
+    # Where the behaviour log-probabilities came from: "sampler" (every rollout carried them),
+    # "trainer" (none did: computed under the champion before any update), "mixed", or "" (no rows).
+    behaviour_logprobs: str = ""
+    # |sampler - trainer| log-probability over every completion token whose sampler value exists
+    # (None when none does): the sampler/trainer consistency check.
+    logprob_delta_mean: float | None = None
+    logprob_delta_max: float | None = None
 
 
 def group_advantages(rewards: list[float], *, scale: bool = True, negative_weight: float = 1.0) -> list[float] | None:
@@ -84,14 +100,22 @@ def train_grpo(
     seed: int,
     progress: bool = False,
     checkpoint: Checkpointing | None = None,
+    micro_batch_size: int = 0,
+    gradient_checkpointing: bool = False,
+    encode_prompt: Callable[[str], list[int]] | None = None,
 ) -> GrpoStats:
-    """Train ``model`` in place; ``ceil(epochs * usable rollouts / batch_size)`` steps."""
+    """Train ``model`` in place; ``ceil(epochs * usable rollouts / batch_size)`` steps.
+
+    ``model`` must be the policy that sampled the rollouts (the champion), untrained since: rollouts
+    without log-probabilities get them from it. ``micro_batch_size``, ``gradient_checkpointing``: see
+    causal_lm.optimize; ``encode_prompt``: see causal_lm.encode_example.
+    """
     if temperature <= 0:
         raise ValueError("grpo needs sampled rollouts (temperature > 0): greedy groups have no spread")
     groups: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
         groups.setdefault(rollout.group, []).append(rollout)
-    rows: list[tuple[list[int], list[int], list[float], float]] = []  # prompt ids, completion ids, old lp, A
+    rows: list[tuple[list[int], list[int], list[float] | None, float]] = []  # prompt ids, completion ids, old lp, A
     skipped = 0
     prompt_ids_of: dict[str, list[int]] = {}
     for name in sorted(groups):
@@ -104,15 +128,18 @@ def train_grpo(
         for rollout, advantage in zip(members, advantages):
             if not rollout.token_ids:
                 continue
-            if len(rollout.token_ids) != len(rollout.logprobs):
+            if rollout.logprobs is not None and len(rollout.token_ids) != len(rollout.logprobs):
                 raise ValueError(f"rollout of {name!r}: {len(rollout.token_ids)} tokens but "
                                  f"{len(rollout.logprobs)} log-probabilities")
             if rollout.prompt not in prompt_ids_of:
-                prompt_ids_of[rollout.prompt] = tokenizer(rollout.prompt, add_special_tokens=True)["input_ids"]
-            rows.append((prompt_ids_of[rollout.prompt], list(rollout.token_ids), list(rollout.logprobs), advantage))
+                prompt_ids_of[rollout.prompt] = (list(encode_prompt(rollout.prompt)) if encode_prompt
+                                                 else _encode_prompt(tokenizer, rollout.prompt))
+            logprobs = None if rollout.logprobs is None else list(rollout.logprobs)
+            rows.append((prompt_ids_of[rollout.prompt], list(rollout.token_ids), logprobs, advantage))
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit:  # keep what fits; the tail of an over-long completion is what gets cut
-        rows = [(p, c[: max(0, limit - len(p))], lp[: max(0, limit - len(p))], a) for p, c, lp, a in rows]
+        rows = [(p, c[: max(0, limit - len(p))], None if lp is None else lp[: max(0, limit - len(p))], a)
+                for p, c, lp, a in rows]
         rows = [row for row in rows if row[1]]
     steps = math.ceil(epochs * len(rows) / batch_size) if rows else 0
     if steps == 0:
@@ -123,30 +150,30 @@ def train_grpo(
     import torch
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    started = time.perf_counter()
+    # Before any update: the champion's own log-probabilities of every completion token.
+    trainer_logprobs = policy_logprobs(model, [(p, c) for p, c, _, _ in rows], temperature=temperature,
+                                       batch_size=micro_batch_size or batch_size, pad_id=pad_id)
+    deltas = [abs(s - t) for (_, _, sampled, _), computed in zip(rows, trainer_logprobs) if sampled is not None
+              for s, t in zip(sampled, computed)]
+    given = sum(lp is not None for _, _, lp, _ in rows)
+    source = "sampler" if given == len(rows) else "trainer" if given == 0 else "mixed"
+    rows = [(p, c, lp if lp is not None else computed, a) for (p, c, lp, a), computed in zip(rows, trainer_logprobs)]
     batches = _batch_indices(len(rows), batch_size, steps, random.Random(seed),
                              lengths=[len(p) + len(c) for p, c, _, _ in rows])
     clipped = counted = 0
     initial: list[float] = []
 
-    def step_loss(indices: list[int]) -> tuple[Any, int]:
+    def step_loss(indices: list[int], denominator: int | None) -> tuple[Any, int]:
         nonlocal clipped, counted
         batch = [rows[i] for i in indices]
-        width = max(len(p) + len(c) for p, c, _, _ in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # (B, T)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)  # (B, T)
-        old = torch.zeros((len(batch), width - 1))  # (B, T-1): position t predicts token t + 1
-        mask = torch.zeros((len(batch), width - 1))
+        input_ids, attention, mask = _pack([(p, c) for p, c, _, _ in batch], pad_id, model.device)
+        old = torch.zeros(mask.shape)  # (B, T-1): position t predicts token t + 1
         for b, (prompt, completion, logprobs, _) in enumerate(batch):
-            n = len(prompt) + len(completion)
-            input_ids[b, :n] = torch.tensor(prompt + completion)
-            attention[b, :n] = 1
-            old[b, len(prompt) - 1 : n - 1] = torch.tensor(logprobs)
-            mask[b, len(prompt) - 1 : n - 1] = 1
+            old[b, len(prompt) - 1 : len(prompt) + len(completion) - 1] = torch.tensor(logprobs)
         advantage = torch.tensor([a for _, _, _, a in batch])[:, None]  # (B, 1)
-        input_ids, attention = input_ids.to(model.device), attention.to(model.device)
-        old, mask, advantage = old.to(model.device), mask.to(model.device), advantage.to(model.device)
-        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
-        logp = torch.log_softmax(logits / temperature, dim=-1).gather(2, input_ids[:, 1:, None]).squeeze(-1)
+        old, advantage = old.to(model.device), advantage.to(model.device)
+        logp = _token_logprobs(model, input_ids, attention, temperature)  # (B, T-1)
         log_ratio = (logp - old) * mask
         ratio = torch.exp(log_ratio)
         objective = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + clip) * advantage)
@@ -154,7 +181,8 @@ def train_grpo(
         if beta:
             # k3 estimator of KL(policy || sampling policy): non-negative, unbiased on policy samples.
             per_token = per_token + beta * (torch.exp(-log_ratio) + log_ratio - 1)
-        loss = (per_token * mask).sum() / mask.sum()
+        # The batch's token mean; a micro-batch's token sum over the whole batch's completion tokens.
+        loss = (per_token * mask).sum() / (mask.sum() if denominator is None else denominator)
         with torch.no_grad():
             outside = ((ratio < 1 - clip) | (ratio > 1 + clip)).float() * mask
             clipped += int(outside.sum())
@@ -163,14 +191,64 @@ def train_grpo(
                 initial.append(float(log_ratio.abs().max()))
         return loss, int(attention.sum())
 
-    started = time.perf_counter()
     losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                              checkpoint=checkpoint, progress=progress)
+                              checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
+                              loss_tokens=lambda indices: sum(len(rows[i][1]) for i in indices),
+                              gradient_checkpointing=gradient_checkpointing, dropout=False)
     wall = time.perf_counter() - started
     return GrpoStats(
         steps=len(losses), rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=tokens,
         wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0,
         first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
         clip_fraction=clipped / counted if counted else 0.0,
-        initial_log_ratio=initial[0] if initial else 0.0, losses=losses,
+        initial_log_ratio=initial[0] if initial else 0.0, losses=losses, behaviour_logprobs=source,
+        logprob_delta_mean=sum(deltas) / len(deltas) if deltas else None,
+        logprob_delta_max=max(deltas) if deltas else None,
     )
+
+
+def policy_logprobs(model: Any, rows: list[tuple[list[int], list[int]]], *, temperature: float, batch_size: int,
+                    pad_id: int) -> list[list[float]]:
+    """Each completion token's log-probability under ``model`` given its prompt: ``rows`` are
+    (prompt ids, completion ids). No gradients, dropout off, logits / temperature as in the loss and
+    as the sampler draws; the model is left in the mode it was in."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    out: list[list[float]] = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start : start + batch_size]
+                input_ids, attention, _ = _pack(chunk, pad_id, model.device)
+                logp = _token_logprobs(model, input_ids, attention, temperature).cpu()
+                out += [logp[b, len(p) - 1 : len(p) + len(c) - 1].tolist() for b, (p, c) in enumerate(chunk)]
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _pack(rows: list[tuple[list[int], list[int]]], pad_id: int, device: Any) -> tuple[Any, Any, Any]:
+    """Right-padded (prompt + completion) ids, their attention mask, and the mask of the positions
+    that predict a completion token: (B, T), (B, T), (B, T-1)."""
+    import torch
+
+    width = max(len(p) + len(c) for p, c in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width - 1))
+    for b, (prompt, completion) in enumerate(rows):
+        n = len(prompt) + len(completion)
+        input_ids[b, :n] = torch.tensor(prompt + completion)
+        attention[b, :n] = 1
+        mask[b, len(prompt) - 1 : n - 1] = 1
+    return input_ids.to(device), attention.to(device), mask.to(device)
+
+
+def _token_logprobs(model: Any, input_ids: Any, attention: Any, temperature: float) -> Any:
+    """log p(token t + 1 | tokens <= t) at every position, in float32 whatever the model's dtype: (B, T-1)."""
+    import torch
+
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+    return torch.log_softmax(logits / temperature, dim=-1).gather(2, input_ids[:, 1:, None]).squeeze(-1)

@@ -256,3 +256,85 @@ class TestAdvantageOptions:
     def test_negative_weight_scales_only_below_mean_advantages(self):
         assert group_advantages([1.0, 0.0], negative_weight=0.5) == pytest.approx([1.0, -0.5])
         assert group_advantages([1.0, 0.0], negative_weight=0.0) == pytest.approx([1.0, 0.0])
+
+
+class TestBehaviourLogprobs:
+    """The behaviour log-probabilities: the sampler's where it returned them, the trainer's (the
+    champion before any update) where it did not; and the two agree."""
+
+    def test_missing_logprobs_are_recomputed_as_the_sampler_gave_them(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        from closedloop.training.grpo import policy_logprobs
+
+        model, rollouts = policy
+        rows = [(tokenizer(r.prompt)["input_ids"], list(r.token_ids)) for r in rollouts]
+        computed = policy_logprobs(model, rows, temperature=GRPO["temperature"], batch_size=16,
+                                   pad_id=tokenizer.pad_token_id)
+        deltas = [abs(a - b) for r, lp in zip(rollouts, computed) for a, b in zip(r.logprobs, lp)]
+        assert len(deltas) == sum(len(r.token_ids) for r in rollouts) and max(deltas) < 1e-5
+
+        sampled = train_grpo(copy.deepcopy(model), tokenizer, rollouts, **GRPO)
+        missing = [Rollout(r.group, r.prompt, r.token_ids, None, r.reward) for r in rollouts]
+        recomputed = train_grpo(copy.deepcopy(model), tokenizer, missing, **GRPO)
+        assert sampled.behaviour_logprobs == "sampler" and recomputed.behaviour_logprobs == "trainer"
+        assert sampled.logprob_delta_max < 1e-5 and sampled.logprob_delta_mean < 1e-6
+        assert recomputed.logprob_delta_max is None and recomputed.initial_log_ratio < 1e-5
+        assert recomputed.losses == pytest.approx(sampled.losses, abs=1e-5)
+
+    def test_a_mix_is_named_and_the_deltas_cover_only_the_sampled_values(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        mixed = [r if i % 2 else Rollout(r.group, r.prompt, r.token_ids, None, r.reward) for i, r in enumerate(rollouts)]
+        stats = train_grpo(copy.deepcopy(model), tokenizer, mixed, **{**GRPO, "epochs": 0.1})
+        assert stats.behaviour_logprobs == "mixed" and stats.logprob_delta_max < 1e-5
+
+    def test_micro_batches_give_the_full_batch_steps(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        whole, parts = copy.deepcopy(model), copy.deepcopy(model)
+        settings = {**GRPO, "epochs": 1, "lr": 1e-4}
+        a = train_grpo(whole, tokenizer, rollouts, **settings)
+        b = train_grpo(parts, tokenizer, rollouts, **settings, micro_batch_size=5)
+        assert b.losses == pytest.approx(a.losses, abs=1e-6) and b.tokens == a.tokens
+        assert max(float((_state(whole)[k] - _state(parts)[k]).abs().max()) for k in _state(whole)) < 1e-6
+
+
+def _gpt2_with_dropout(tokenizer, p: float = 0.1):  # noqa: F811
+    """A tiny GPT-2 whose config has dropout everywhere (embeddings, attention, residuals), briefly SFT'd."""
+    import torch
+    from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config).eval()
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id)
+    train_causal_lm(model, tokenizer, EXAMPLES, steps=25, batch_size=16, lr=5e-3, warmup_steps=5, seed=0)
+    return model
+
+
+@pytest.mark.parametrize("gradient_checkpointing", [False, True])
+def test_policy_ratios_are_taken_with_dropout_off(tokenizer, gradient_checkpointing):  # noqa: F811
+    """With dropout 0.1 on, the first step's log ratio against the sampler's log-probabilities was ~1.4
+    (measured); with dropout off in training it is rounding noise, also under activation checkpointing
+    (which then still recomputes: the attention runs three times, pre-pass, forward and backward)."""
+    model = _gpt2_with_dropout(tokenizer)
+    generations, _ = generate(model, tokenizer, PROMPTS, k=8, temperature=1.0, top_p=1.0, max_new_tokens=16,
+                              stop=[], seed=1, batch_size=64)
+    rollouts = [Rollout(prompt, prompt, g.token_ids, g.logprobs, 1.0 if i % 2 else 0.0)
+                for prompt, group in zip(PROMPTS, generations) for i, g in enumerate(group)]
+    calls = []
+    model.transformer.h[0].attn.register_forward_hook(lambda *_: calls.append(1))
+    stats = train_grpo(model, tokenizer, rollouts, **{**GRPO, "epochs": 0.1},
+                       gradient_checkpointing=gradient_checkpointing)
+    assert stats.steps == 1 and stats.behaviour_logprobs == "sampler"
+    assert stats.logprob_delta_max < 1e-5 and stats.initial_log_ratio < 1e-5
+    batches = -(-len(rollouts) // GRPO["batch_size"])  # the pre-pass runs in training-sized batches
+    assert len(calls) == batches + (2 if gradient_checkpointing else 1)
+    assert not model.training and not any(m.training for m in model.modules())

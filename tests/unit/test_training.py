@@ -212,3 +212,64 @@ class TestWarmupCosine:
     )
     def test_table(self, warmup, steps, step, expected):
         assert _warmup_cosine(warmup, steps)(step) == pytest.approx(expected)
+
+
+class TestMemorySettings:
+    """Micro-batches and activation checkpointing trade time for memory, not results."""
+
+    SHORT = dict(steps=3, batch_size=16, lr=1e-4, warmup_steps=0, seed=0)
+
+    @staticmethod
+    def _max_diff(a, b) -> float:
+        return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+    def _train(self, tokenizer, **settings):
+        model = _fresh_model(tokenizer)
+        stats = train_causal_lm(model, tokenizer, EXAMPLES, **self.SHORT, **settings)
+        return _state(model), stats
+
+    @pytest.mark.parametrize("micro_batch_size", [5, 1])  # uneven parts; one example per forward
+    def test_micro_batches_give_the_full_batch_step(self, tokenizer, micro_batch_size):
+        """Each micro-batch's loss is its token sum over the whole batch's loss tokens: the parts add
+        up to the full batch's token mean, so the losses and the weights equal the whole-batch run's."""
+        whole, whole_stats = self._train(tokenizer)
+        parts, part_stats = self._train(tokenizer, micro_batch_size=micro_batch_size)
+        assert part_stats.losses == pytest.approx(whole_stats.losses, abs=1e-6)
+        assert part_stats.tokens == whole_stats.tokens
+        assert self._max_diff(whole, parts) < 1e-6
+
+    def test_gradient_checkpointing_gives_the_same_step_and_is_switched_off_after(self, tokenizer):
+        whole, whole_stats = self._train(tokenizer)
+        model = _fresh_model(tokenizer)
+        calls = []
+        model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
+        stats = train_causal_lm(model, tokenizer, EXAMPLES, **self.SHORT, gradient_checkpointing=True)
+        assert stats.losses == pytest.approx(whole_stats.losses, abs=1e-6)
+        assert self._max_diff(whole, _state(model)) < 1e-6
+        assert len(calls) == 2 * self.SHORT["steps"]  # recomputed in every backward: checkpointing was on
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+        assert model.config.use_cache and not model.training
+
+    def test_encode_prompt_decides_the_prompt_tokens(self, tokenizer):
+        example = EXAMPLES[0]
+        wrapped = lambda prompt: tokenizer("<|user|>" + prompt, add_special_tokens=True)["input_ids"]  # noqa: E731
+        input_ids, labels = encode_example(tokenizer, example, wrapped)
+        prompt = wrapped(example.prompt)
+        assert input_ids[: len(prompt)] == prompt and labels[: len(prompt)] == [IGNORE_INDEX] * len(prompt)
+        completion = tokenizer(example.completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        assert input_ids[len(prompt):] == labels[len(prompt):] == completion
+        assert len(prompt) > len(encode_example(tokenizer, example)[0]) - len(completion)  # not the default
+
+
+@pytest.mark.gpu
+def test_a_bfloat16_training_step_on_cuda(tokenizer):
+    """On a GPU the model trains in bfloat16 with the loss in float32, micro-batched and checkpointed."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    model = _fresh_model(tokenizer).to("cuda", torch.bfloat16)
+    stats = train_causal_lm(model, tokenizer, EXAMPLES, steps=20, batch_size=16, lr=5e-3, warmup_steps=2, seed=0,
+                            micro_batch_size=4, gradient_checkpointing=True)
+    assert next(model.parameters()).dtype == torch.bfloat16 and model.device.type == "cuda"
+    assert all(math.isfinite(x) for x in stats.losses) and stats.losses[-1] < stats.losses[0]
