@@ -1,4 +1,5 @@
-"""`closedloop init`: make a directory a workspace (git + DVC, params.yaml, dvc.yaml, a DVC remote)."""
+"""`closedloop init`: make a directory a workspace (git + DVC, params.yaml, dvc.yaml, a DVC remote, a DVC
+cache that links instead of copying). Run again on an existing workspace, it adds what is missing."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Stage promote: the model the next iteration starts from — the candidate if the gate said so.
 
 Writing it as a stage output (not over data/champion) keeps dvc.yaml acyclic: the loop closes when
-the next iteration takes this output as its champion input.
+the next iteration takes this output as its champion input. ``replace_dir`` hard-links the chosen
+model's files (read-only links to DVC's cache objects) into a new folder and renames it into place:
+promotion writes no weights, and never into a file another version shares.
 """
 
 from __future__ import annotations
