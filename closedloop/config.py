@@ -402,6 +402,10 @@ class TrackingParams(_Section):
     )
     experiment: str = "closedloop"
     registered_model: str = "closedloop-policy"
+    log_weights: bool = Field(
+        False, description="Also log each model version's weights to MLflow in full (transformers flavor); "
+        "by default a version holds only a reference to its DVC-tracked folder.",
+    )
 
 
 class VersioningParams(_Section):

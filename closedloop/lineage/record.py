@@ -145,7 +145,9 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
         **_score_tags(evaluation["summary"]),
     }
     version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.warmstart_model,
-                                              registered_model=params.tracking.registered_model, tags=tags)
+                                              registered_model=params.tracking.registered_model, tags=tags,
+                                              reference=dvc.reference(paths.WARMSTART_MODEL),
+                                              log_weights=params.tracking.log_weights)
     tracking.set_alias(params.tracking.registered_model, "champion", version)
     return version
 
@@ -197,7 +199,8 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     }
     registered = params.tracking.registered_model
     version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.candidate, registered_model=registered,
-                                              tags=tags)
+                                              tags=tags, reference=dvc.reference(paths.CANDIDATE),
+                                              log_weights=params.tracking.log_weights)
     tracking.set_alias(registered, "challenger", version)
     if gate["promote"]:
         tracking.set_alias(registered, "champion", version)

@@ -6,8 +6,31 @@ so the MLflow layout lives in one place:
 
 - run (one per iteration): params flattened to dotted keys, metrics, ``stage_seconds.<stage>``,
   dataset inputs carrying their DVC md5 as digest, ``plots/reward_hist.png``, ``reports/...``;
-- registered model version: the HF model logged with the transformers flavor inside that run,
-  with lineage tags on the version; ``champion`` / ``challenger`` are registry aliases.
+- registered model version: a LoggedModel of that run registered with lineage tags on the version;
+  ``champion`` / ``challenger`` are registry aliases.
+
+Model versions hold a reference, not the weights. DVC already keeps every model folder (its cache
+and remote); a copy per version in ``mlartifacts/`` too made the registry the biggest store of a
+workspace. So a version is an external LoggedModel (``mlflow.create_external_model``: no flavor,
+no weights) whose artifacts are two small files:
+
+- ``reference.json``: the DVC hash of the model folder (md5 ``….dir``, size, nfiles), the path it
+  had in the workspace, the workspace, the DVC remote and the git commit;
+- ``weights.dvc``: a DVC pointer file for that hash.
+
+Getting the weights of a version back (from the DVC cache, or the remote when the cache lacks them):
+
+    >>> ref = tracking.model_reference("closedloop-policy", "champion")   # alias or version number
+    >>> DvcWorkspace(ref["workspace"]).restore(ref, "restore/champion")   # a folder in the workspace
+
+or with the command-line tools, from the workspace:
+
+    mlflow artifacts download -u models:/closedloop-policy@champion -d restore/champion
+    dvc pull restore/champion/weights.dvc      # -> restore/champion/weights/
+
+A version tagged ``dvc.exp_rev`` can also be had as ``dvc get . data/models/candidate --rev <rev>``.
+``tracking.log_weights: true`` in params.yaml logs the full model with the transformers flavor as
+well (loadable with ``mlflow.transformers.load_model``; one more full copy per version).
 """
 
 from __future__ import annotations
@@ -26,6 +49,9 @@ from typing import Any
 
 ITERATION_TAG = "closedloop.iteration"
 MODEL_ARTIFACT = "model"
+REFERENCE_ARTIFACT = "reference.json"
+POINTER_ARTIFACT = "weights.dvc"
+WEIGHTS_TAG = "closedloop.weights"  # on the LoggedModel: "dvc" (by reference) or "mlflow" (logged in full)
 HIST_ARTIFACT = "plots/reward_hist.png"
 # MLflow's own limits (mlflow.utils.validation); params beyond them would be refused or cut silently.
 _MAX_PARAM_VALUE = 6000
@@ -77,7 +103,15 @@ def configure(workspace: Path, uri: str | None, experiment: str) -> str:
     workspace = Path(workspace).resolve()
     workspace.mkdir(parents=True, exist_ok=True)
     resolved = tracking_uri(workspace, uri)
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(resolved)
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI (for subprocesses). Left set, it would outrank
+    # the next workspace's own store in this process (the variable wins in tracking_uri), so a second
+    # workspace would record into the first one's; only a variable the user set stays.
+    if exported is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = exported
     client = mlflow.MlflowClient(resolved)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -244,28 +278,82 @@ def log_and_register_model(
     model_dir: Path,
     registered_model: str,
     tags: Mapping[str, str],
+    reference: Mapping[str, Any] | None = None,
+    log_weights: bool = False,
     task: str = "text-generation",
 ) -> str:
-    """Log the HF model directory into run_id with the transformers flavor; register it; return the version.
+    """Register the model in ``model_dir`` as a new version of ``registered_model``, logged as a
+    LoggedModel of ``run_id``; return the version.
 
+    ``reference`` (from ``DvcWorkspace.reference``) names the DVC-tracked bytes of ``model_dir``;
+    the LoggedModel holds it instead of the weights (see the module docstring). ``log_weights``
+    also logs the whole model with the transformers flavor (the behaviour before references).
     Tags are set on the version as it is created, so no reader ever sees a version without its lineage.
     """
     mlflow = _mlflow()
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory (no config.json)")
-    with _quiet_hf():
-        components = _load_components(model_dir, task)  # outside the run: a bad directory is not a failed run
-        # reopening the iteration's run puts the model (and its LoggedModel) under it
-        with mlflow.start_run(run_id=run_id):
-            info = mlflow.transformers.log_model(
-                transformers_model=components,
-                name=MODEL_ARTIFACT,
-                task=task,
-                pip_requirements=_pip_requirements(),
-            )
-    version = mlflow.register_model(info.model_uri, registered_model, tags={k: str(v) for k, v in tags.items()})
+    if reference is None and not log_weights:
+        raise ValueError("log_and_register_model: a model version needs a DVC reference (or log_weights=True)")
+    version_tags = {k: str(v) for k, v in tags.items()}
+    model_tags = {WEIGHTS_TAG: "mlflow" if log_weights else "dvc"}
+    if reference is not None:
+        model_tags.update({f"dvc.{key}": str(reference[key]) for key in ("md5", "path", "workspace", "remote")
+                           if reference.get(key)})
+    client = mlflow.MlflowClient()
+    if log_weights:
+        with _quiet_hf():
+            components = _load_components(model_dir, task)  # outside the run: a bad directory is not a failed run
+            # reopening the iteration's run puts the model (and its LoggedModel) under it
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.transformers.log_model(
+                    transformers_model=components,
+                    name=MODEL_ARTIFACT,
+                    task=task,
+                    pip_requirements=_pip_requirements(),
+                )
+        model_id = info.model_id
+        client.set_logged_model_tags(model_id, model_tags)
+    else:
+        model_id = mlflow.create_external_model(
+            name=MODEL_ARTIFACT, source_run_id=run_id, tags=model_tags, model_type="dvc-reference",
+            experiment_id=client.get_run(run_id).info.experiment_id,
+        ).model_id
+    if reference is not None:
+        _log_reference(client, model_id, reference)
+    version = mlflow.register_model(f"models:/{model_id}", registered_model, tags=version_tags)
     return str(version.version)
+
+
+def _log_reference(client: Any, model_id: str, reference: Mapping[str, Any]) -> None:
+    import tempfile
+
+    record = {key: value for key, value in reference.items() if key != "dvc_file"}
+    with tempfile.TemporaryDirectory() as scratch:
+        Path(scratch, REFERENCE_ARTIFACT).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        if reference.get("dvc_file"):
+            Path(scratch, POINTER_ARTIFACT).write_text(str(reference["dvc_file"]))
+        client.log_model_artifacts(model_id, scratch)
+
+
+def model_reference(registered_model: str, version_or_alias: str) -> dict[str, Any]:
+    """The DVC reference (``reference.json``) of a registered version, by number or alias, with its
+    pointer file's text as ``dvc_file``: what ``DvcWorkspace.restore`` takes to bring the weights back."""
+    import tempfile
+
+    mlflow = _mlflow()
+    selector = str(version_or_alias)
+    uri = f"models:/{registered_model}/{selector}" if selector.isdigit() else f"models:/{registered_model}@{selector}"
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            path = Path(mlflow.artifacts.download_artifacts(f"{uri}/{REFERENCE_ARTIFACT}", dst_path=scratch))
+        except OSError as error:
+            raise FileNotFoundError(f"{uri} has no {REFERENCE_ARTIFACT}: it was registered without a DVC reference") from error
+        record = json.loads(path.read_text())
+        pointer = Path(mlflow.artifacts.download_artifacts(f"{uri}/{POINTER_ARTIFACT}", dst_path=scratch))
+        record["dvc_file"] = pointer.read_text()
+    return record
 
 
 def set_alias(registered_model: str, alias: str, version: str) -> None:

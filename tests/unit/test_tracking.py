@@ -110,6 +110,15 @@ class TestConfigure:
         assert exp is not None and exp.artifact_location == (ws.resolve() / "mlartifacts").as_uri()
         assert tracking.configure(ws, None, EXPERIMENT) == uri  # idempotent
 
+    def test_a_second_workspace_gets_its_own_store(self, workspace, tmp_path) -> None:
+        ws, uri = workspace
+        other = tracking.configure(tmp_path / "other", None, EXPERIMENT)
+        try:
+            assert other == f"sqlite:///{(tmp_path / 'other').resolve()}/mlflow.db" != uri
+            assert mlflow.get_tracking_uri() == other and "MLFLOW_TRACKING_URI" not in os.environ
+        finally:
+            assert tracking.configure(ws, None, EXPERIMENT) == uri
+
 
 class TestLogIteration:
     def test_params_metrics_tags(self, workspace, iteration_run) -> None:
@@ -156,10 +165,14 @@ class TestLogIteration:
 
 
 class TestRegistry:
+    REFERENCE = {"path": "data/models/candidate", "md5": "0f" * 16 + ".dir", "size": 1234, "nfiles": 3,
+                 "hash": "md5", "workspace": "/ws", "remote": "/ws/.dvc-remote", "git_rev": "abc123",
+                 "dvc_file": "outs:\n- md5: " + "0f" * 16 + ".dir\n  hash: md5\n  path: candidate\n"}
+
     def test_log_and_register_model_with_tags(self, workspace, iteration_run, tiny_model_dir) -> None:
         version = tracking.log_and_register_model(
             run_id=iteration_run["run_id"], model_dir=tiny_model_dir, registered_model=MODEL,
-            tags={"closedloop.batch": "b0003", "closedloop.validator": "abc123"},
+            tags={"closedloop.batch": "b0003", "closedloop.validator": "abc123"}, reference=self.REFERENCE,
         )
         assert version == "1"
         assert tracking.model_version_tags(MODEL, version) == {
@@ -167,13 +180,48 @@ class TestRegistry:
         }
         mv = mlflow.MlflowClient().get_model_version(MODEL, version)
         assert mv.run_id == iteration_run["run_id"]
-        # the flavor wrote a loadable transformers model, not just files
-        assert mlflow.models.get_model_info(f"models:/{MODEL}/1").flavors.keys() >= {"transformers"}
 
         # aliases: set, read back, move
         assert tracking.get_alias(MODEL, "champion") is None  # model exists, alias does not
         tracking.set_alias(MODEL, "champion", version)
         assert tracking.get_alias(MODEL, "champion") == "1"
+
+    def test_version_holds_a_dvc_reference_not_the_weights(self, workspace, iteration_run, tiny_model_dir,
+                                                            tmp_path) -> None:
+        version = tracking.log_and_register_model(
+            run_id=iteration_run["run_id"], model_dir=tiny_model_dir, registered_model=MODEL, tags={},
+            reference=self.REFERENCE,
+        )
+        files = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}/{version}", dst_path=str(tmp_path)))
+        names = {p.name for p in files.rglob("*") if p.is_file()}
+        assert {tracking.REFERENCE_ARTIFACT, tracking.POINTER_ARTIFACT} <= names
+        assert not names & {p.name for p in tiny_model_dir.iterdir()}  # no config, weights or tokenizer
+        assert sum(p.stat().st_size for p in files.rglob("*") if p.is_file()) < 10_000
+        ref = tracking.model_reference(MODEL, version)
+        assert ref["md5"] == self.REFERENCE["md5"] and ref["dvc_file"] == self.REFERENCE["dvc_file"]
+        assert ref["path"] == "data/models/candidate" and ref["remote"] == "/ws/.dvc-remote"
+        tracking.set_alias(MODEL, "challenger", version)
+        assert tracking.model_reference(MODEL, "challenger")["md5"] == self.REFERENCE["md5"]
+        mv = mlflow.MlflowClient().get_model_version(MODEL, version)
+        assert mv.source.startswith("models:/m-")  # the version's source is the LoggedModel
+        logged = mlflow.MlflowClient().get_logged_model(mv.source.removeprefix("models:/"))
+        assert logged.tags[tracking.WEIGHTS_TAG] == "dvc" and logged.tags["dvc.md5"] == self.REFERENCE["md5"]
+        assert logged.source_run_id == iteration_run["run_id"]
+
+    def test_a_version_needs_a_reference_unless_it_logs_the_weights(self, workspace, iteration_run,
+                                                                     tiny_model_dir) -> None:
+        with pytest.raises(ValueError, match="reference"):
+            tracking.log_and_register_model(run_id=iteration_run["run_id"], model_dir=tiny_model_dir,
+                                            registered_model=MODEL, tags={})
+
+    def test_log_weights_logs_the_transformers_flavor_too(self, workspace, iteration_run, tiny_model_dir) -> None:
+        version = tracking.log_and_register_model(
+            run_id=iteration_run["run_id"], model_dir=tiny_model_dir, registered_model=MODEL, tags={},
+            reference=self.REFERENCE, log_weights=True,
+        )
+        # the flavor wrote a loadable transformers model, not just files, and the reference beside it
+        assert mlflow.models.get_model_info(f"models:/{MODEL}/{version}").flavors.keys() >= {"transformers"}
+        assert tracking.model_reference(MODEL, version)["md5"] == self.REFERENCE["md5"]
 
     def test_get_alias_of_missing_model_is_none(self, workspace) -> None:
         assert tracking.get_alias("no-such-model", "champion") is None
