@@ -1,5 +1,12 @@
 """Stage warmstart (iteration 0): build or load the base policy, SFT it on reference solutions,
-and measure it on the benchmark. Its result becomes the first champion."""
+and measure it on the benchmark. Its result becomes the first champion.
+
+With ``warmstart.lora`` a real model is fine-tuned through LoRA adapters (``train.lora``'s rank,
+alpha, dropout and target modules), merged into the weights before saving. The built-in is refused:
+it starts from random weights, which only full training turns into a policy (low-rank updates of a
+random network leave it random). ``train.micro_batch_size`` and ``train.gradient_checkpointing``
+apply here too: they are memory settings of the machine, not of one stage.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,13 @@ def run(ctx: StageContext) -> dict:
     from closedloop.training.causal_lm import Example, train_causal_lm
 
     params = ctx.params
+    if params.warmstart.lora and params.model.name_or_path.startswith(BUILTIN_PREFIX):
+        from closedloop.stages.common import StageError
+
+        raise StageError(
+            "warmstart.lora is true but model.name_or_path is the built-in, which starts from random "
+            "weights: LoRA adapters on a random network cannot make it a policy. Set warmstart.lora: false "
+            "(the built-in trains in full), or name a pretrained model in model.name_or_path")
     # Seeds here ignore the iteration: the warm start is the same whichever iteration reruns it.
     references = mixed_tasks(params, params.warmstart.n_references, "references")
     write_jsonl(ctx.ws.references, (
@@ -32,13 +46,21 @@ def run(ctx: StageContext) -> dict:
 
     with tempfile.TemporaryDirectory() as scratch:
         base_dir = resolve_base_model(ctx, Path(scratch))
-        model, tokenizer = load_policy(base_dir)
+        model, tokenizer = load_policy(base_dir, device=params.model.device, dtype=params.model.dtype)
+    seed = params.stage_seed("warmstart", False)
+    if params.warmstart.lora:
+        model = _with_lora(model, params.train.lora, seed)
     examples = [Example(prompt=t.prompt, completion=t.reference) for t in references]
     stats = train_causal_lm(
         model, tokenizer, examples, steps=params.warmstart.steps, batch_size=params.warmstart.batch_size,
         lr=params.warmstart.lr, warmup_steps=params.warmstart.warmup_steps,
-        seed=params.stage_seed("warmstart", False), progress=ctx.progress,
+        seed=seed, progress=ctx.progress,
+        micro_batch_size=params.train.micro_batch_size, gradient_checkpointing=params.train.gradient_checkpointing,
     )
+    if params.warmstart.lora:
+        from closedloop.training.lora import merged
+
+        model = merged(model)
     staging = ctx.ws.warmstart_model.with_name("warmstart.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
@@ -48,7 +70,7 @@ def run(ctx: StageContext) -> dict:
 
     with EnvPools(params) as verifiers:
         evaluation = evaluate_policy(
-            ctx.ws.warmstart_model, load_tasks(ctx.ws.benchmark_tasks), settings=params.sample,
+            ctx.ws.warmstart_model, load_tasks(ctx.ws.benchmark_tasks), params=params,
             samples_per_task=params.evaluate.samples_per_task, seed=params.stage_seed("evaluate", False),
             batch_size=params.evaluate.batch_size, verifiers=verifiers, progress=ctx.progress,
         )
@@ -58,6 +80,7 @@ def run(ctx: StageContext) -> dict:
         "references": len(references),
         "references_per_env": dict(sorted(Counter(t.env for t in references).items())),
         "train_steps": stats.steps,
+        "lora": params.warmstart.lora,
         "train_tokens_per_s": round(stats.tokens_per_s, 1),
         "first_loss": stats.first_loss,
         "final_loss": stats.final_loss,
@@ -66,6 +89,21 @@ def run(ctx: StageContext) -> dict:
            for name, figures in evaluation["summary"][group].items()},
         "model_version": evaluation["model_version"],
     }
+
+
+def _with_lora(model, lora, seed: int):
+    """``model`` with fresh adapters, initialised from ``seed`` without touching the global stream."""
+    import torch
+
+    from closedloop.stages.common import StageError
+    from closedloop.training.lora import with_lora
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            return with_lora(model, lora)
+        except ValueError as error:
+            raise StageError(str(error)) from None
 
 
 def mixed_tasks(params, total: int, purpose: str) -> list:
