@@ -152,6 +152,10 @@ def report_lines(result: dict) -> str:
         lines.append(f"warm start     benchmark pass@1 {warm['benchmark_pass@1']:.3f}  "
                      f"(registered as champion, version {warm['model_version']})")
     for it in result["iterations"]:
+        if it.get("not_trained"):
+            lines.append(f"iteration {it['iteration']:<4} → not trained: 0 steps ({it['not_trained']}); held, "
+                         f"no model version registered (experiment {it['experiment']})")
+            continue
         delta = it["candidate_pass@1"] - it["champion_pass@1"]
         verdict = "promoted" if it["promoted"] else "held"
         lines.append(f"iteration {it['iteration']:<4} candidate pass@1 {it['candidate_pass@1']:.3f}  vs champion "

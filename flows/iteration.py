@@ -51,7 +51,8 @@ def iteration_flow(params: Optional[Params] = None, workspace: str = ".", progre
         key=f"benchmark-iteration-{params.loop.iteration}",
         table=benchmark_rows(Workspace.at(workspace)),
         description=f"Benchmark pass@1, champion vs candidate, iteration {params.loop.iteration}: "
-        + ("promoted" if summary["promoted"] else "held"),
+        + ("promoted" if summary["promoted"] else "held")
+        + (f" (not trained: {summary['not_trained']})" if summary.get("not_trained") else ""),
     )
     timing["total_seconds"] = time.perf_counter() - started
     return {**summary, "timing": timing}

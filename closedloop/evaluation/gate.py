@@ -19,18 +19,24 @@ class GateDecision:
 
 
 def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improvement: float,
-           slice_tolerance: float, noise_z: float = 0.0) -> GateDecision:
+           slice_tolerance: float, noise_z: float = 0.0, untrained: str | None = None) -> GateDecision:
     """Compare two benchmark summaries (see stats.summarize); every reason names the figures.
 
     Every environment and every env/slice is checked. A drop is a regression when it exceeds both
     ``slice_tolerance`` and ``noise_z`` standard errors of the difference: small slices measured with
     a few samples move by more than a fixed tolerance from sampling noise alone.
+
+    ``untrained`` (why the candidate trained 0 steps) holds it whatever the figures say: it is the
+    champion unchanged, and any difference measured is noise.
     """
     champ_overall = champion["overall"]["pass@1"]
     cand_overall = candidate["overall"]["pass@1"]
     delta = cand_overall - champ_overall
     reasons: list[str] = []
     promote = True
+    if untrained:
+        promote = False
+        reasons.append(f"candidate not trained: 0 steps ({untrained}); it is the champion unchanged")
     if delta > min_improvement:
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"(+{delta:.3f} > min_improvement {min_improvement})")

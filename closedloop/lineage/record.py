@@ -161,7 +161,11 @@ def _score_tags(summary: dict) -> dict[str, str]:
 
 def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, float]) -> dict[str, Any]:
     """Push the batch, save the iteration as a DVC experiment, log it to MLflow, register the candidate
-    and move the aliases as the gate decided. Returns the iteration's summary."""
+    and move the aliases as the gate decided. Returns the iteration's summary.
+
+    A candidate that trained 0 steps is the champion unchanged: it is not registered and no alias
+    moves; the run is tagged with the reason, and the summary carries it (``not_trained``) with
+    ``model_version`` None."""
     from closedloop.pipeline import ITERATION_STAGES
     from closedloop.rewards.sources import feedback_sources
 
@@ -171,6 +175,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     hashes = dvc.lock_hashes()
     gate = read_json(ws.gate)
     train = read_json(ws.metrics("train"))
+    not_trained = None if train.get("trained", True) else (train.get("untrained_reason") or "it trained 0 steps")
     experiment = f"iter-{iteration:03d}-{gate['candidate']['model_version'][:8]}"
     exp_rev = dvc.exp_save(experiment) if params.versioning.save_experiments else ""
 
@@ -182,7 +187,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         metrics=stage_metrics(ws, ITERATION_STAGES), rewards=rewards,
         tags={"closedloop.iteration": str(iteration), "closedloop.kind": "iteration",
               "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "promoted": str(gate["promote"]).lower(),
-              **batch_tags},
+              **({"closedloop.not_trained": not_trained} if not_trained else {}), **batch_tags},
         datasets=_datasets(ws, hashes), artifacts=[a for a in artifacts if a.exists()],
         stage_seconds=stage_seconds,
     )
@@ -198,15 +203,19 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         **_score_tags(gate["candidate"]),
     }
     registered = params.tracking.registered_model
-    version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.candidate, registered_model=registered,
-                                              tags=tags, reference=dvc.reference(paths.CANDIDATE),
-                                              log_weights=params.tracking.log_weights)
-    tracking.set_alias(registered, "challenger", version)
-    if gate["promote"]:
-        tracking.set_alias(registered, "champion", version)
+    version = None
+    if not not_trained:
+        version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.candidate,
+                                                  registered_model=registered, tags=tags,
+                                                  reference=dvc.reference(paths.CANDIDATE),
+                                                  log_weights=params.tracking.log_weights)
+        tracking.set_alias(registered, "challenger", version)
+        if gate["promote"]:
+            tracking.set_alias(registered, "champion", version)
     return {
         "iteration": iteration, "run_id": run_id, "model_version": version, "experiment": experiment,
-        "promoted": bool(gate["promote"]), "champion_pass@1": gate["champion"]["overall"]["pass@1"],
+        "not_trained": not_trained,
+        "promoted": bool(gate["promote"]) and not not_trained, "champion_pass@1": gate["champion"]["overall"]["pass@1"],
         "candidate_pass@1": gate["candidate"]["overall"]["pass@1"], "reasons": gate["reasons"],
         "champion_version": tracking.get_alias(registered, "champion"),
     }

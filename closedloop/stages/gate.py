@@ -1,4 +1,7 @@
-"""Stage gate: decide promote or hold from the evaluation; the decision and its reasons are the report."""
+"""Stage gate: decide promote or hold from the evaluation; the decision and its reasons are the report.
+
+A candidate that trained 0 steps (its closedloop_training.json says why) is held whatever it scored.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +11,20 @@ from closedloop.stages.common import StageContext
 
 
 def run(ctx: StageContext) -> dict:
+    from closedloop.stages.train import training_record, untrained_reason
+
     evaluation = read_json(ctx.ws.evaluation)
+    # The candidate directory is the evaluation's input, and its fingerprint (which covers this file)
+    # is in the evaluation: a change here reruns the evaluation and so the gate.
+    untrained = untrained_reason(training_record(ctx.ws.candidate))
     decision = decide(
         evaluation["champion"]["summary"], evaluation["candidate"]["summary"],
         min_improvement=ctx.params.gate.min_improvement, slice_tolerance=ctx.params.gate.slice_tolerance,
-        noise_z=ctx.params.gate.noise_z,
+        noise_z=ctx.params.gate.noise_z, untrained=untrained,
     )
     report = {
         **decision.to_dict(),
+        "trained": untrained is None, "untrained_reason": untrained,
         "champion": {"model_version": evaluation["champion"]["model_version"],
                      **evaluation["champion"]["summary"]},
         "candidate": {"model_version": evaluation["candidate"]["model_version"],
@@ -24,4 +33,4 @@ def run(ctx: StageContext) -> dict:
                      "slice_tolerance": ctx.params.gate.slice_tolerance, "noise_z": ctx.params.gate.noise_z},
     }
     write_json(ctx.ws.gate, report)
-    return {"promote": decision.promote, "overall_delta": decision.overall_delta}
+    return {"promote": decision.promote, "overall_delta": decision.overall_delta, "trained": untrained is None}

@@ -7,6 +7,11 @@
 
 The mode, its settings and the data mix are written into the model directory
 (``closedloop_training.json``) and into the stage metrics, from which lineage tags the model version.
+
+A run that trained 0 steps (an empty training set, ``train.steps: 0``, a grpo batch in which no group
+had a reward spread) still writes the candidate (the champion's weights: later stages need the
+directory), but says so: ``"trained": false`` and ``"untrained_reason"`` in both. The gate then holds
+it, and the version step registers no model version for it.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ def run(ctx: StageContext) -> dict:
     if mode == "rft" and not params.include_references:
         inputs = (ctx.ws.train_set,)
 
-    model, tokenizer = load_policy(ctx.ws.champion)
+    model, tokenizer = load_policy(ctx.ws.champion, device=ctx.params.model.device, dtype=ctx.params.model.dtype)
     seed = ctx.seed("train")
     if params.lora.enabled:
         import torch
@@ -56,6 +61,7 @@ def run(ctx: StageContext) -> dict:
         # What this training run is: a checkpoint of any other run is refused, naming what changed.
         identity = {**{f"input {path.name}": _file_hash(path) for path in inputs},
                     "champion": model_fingerprint(ctx.ws.champion), "seed": seed,
+                    "model dtype": str(next(model.parameters()).dtype),
                     **{f"params train.{key}": value for key, value in params.model_dump(mode="json").items()
                        if key != "checkpoint_every"}}
         checkpoint = Checkpointing(ctx.ws.candidate.with_name("candidate.checkpoint"), params.checkpoint_every, identity)
@@ -71,8 +77,10 @@ def run(ctx: StageContext) -> dict:
         from closedloop.training.lora import merged
 
         model = merged(model)
+    reason = figures.pop("untrained_reason")  # used only when nothing was trained
+    trained = {"trained": figures["steps"] > 0, "untrained_reason": None if figures["steps"] > 0 else reason}
     record = {"mode": mode, "parent_version": model_fingerprint(ctx.ws.champion), "iteration": ctx.params.loop.iteration,
-              "params": params.model_dump(mode="json"), "data": figures["examples"]}
+              "params": params.model_dump(mode="json"), "data": figures["examples"], **trained}
     staging = ctx.ws.candidate.with_name("candidate.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
@@ -80,8 +88,21 @@ def run(ctx: StageContext) -> dict:
     (staging / TRAINING_FILE).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
     shutil.rmtree(ctx.ws.candidate, ignore_errors=True)
     staging.rename(ctx.ws.candidate)
-    return {"mode": mode, **figures, "parent_version": record["parent_version"],
+    return {"mode": mode, **figures, **trained, "parent_version": record["parent_version"],
             "model_version": model_fingerprint(ctx.ws.candidate)}
+
+
+def training_record(model_dir) -> dict:
+    """What the train stage wrote into a candidate (``closedloop_training.json``); {} when absent."""
+    path = model_dir / TRAINING_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def untrained_reason(record: dict) -> str | None:
+    """Why a candidate is the champion unchanged (it trained 0 steps), or None when it trained."""
+    if record.get("trained", True):
+        return None
+    return record.get("untrained_reason") or "it trained 0 steps"
 
 
 def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> dict:
@@ -100,13 +121,15 @@ def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint
     stats = train_causal_lm(
         model, tokenizer, examples, steps=params.steps, batch_size=params.batch_size, lr=params.lr,
         warmup_steps=params.warmup_steps, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
+        micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
     )
     sources: dict[str, int] = {}
     for record in records:
         sources[record["source"]] = sources.get(record["source"], 0) + 1
     return {"examples": sources, "replay": replay, "steps": stats.steps, "tokens": stats.tokens,
             "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
-            "final_loss": stats.final_loss}
+            "final_loss": stats.final_loss,
+            "untrained_reason": "train.steps is 0" if params.steps == 0 else "the training set is empty"}
 
 
 def replay_positives(ctx: StageContext, current: list[dict]) -> tuple[list[dict], dict[str, int]]:
@@ -161,7 +184,8 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> d
     prompts = {task.task_id: task.prompt for task in load_tasks(ctx.ws.tasks)}
     samples = read_jsonl(ctx.ws.samples, required=("sample_id", "task_id"))
     rewards = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rewards, required=("sample_id", "reward", "steps", "status"))}
-    rollouts = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rollouts, required=("sample_id", "token_ids", "logprobs"))}
+    # "logprobs" is null where the sampling backend returns none: the trainer computes them.
+    rollouts = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rollouts, required=("sample_id", "token_ids"))}
     batch, infra = [], 0
     for sample in samples:
         sample_id = sample["sample_id"]
@@ -173,7 +197,8 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> d
             continue
         rollout = rollouts[sample_id]
         batch.append(Rollout(group=sample["task_id"], prompt=prompts[sample["task_id"]],
-                             token_ids=tuple(rollout["token_ids"]), logprobs=tuple(rollout["logprobs"]),
+                             token_ids=tuple(rollout["token_ids"]),
+                             logprobs=None if rollout.get("logprobs") is None else tuple(rollout["logprobs"]),
                              reward=shaped_reward(reward["reward"], reward["steps"], params.shaping)))
     grpo = params.grpo
     stats = train_grpo(
@@ -181,12 +206,22 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> d
         warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta, scale_advantages=grpo.scale_advantages,
         negative_weight=grpo.negative_weight,
         temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
+        micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
     )
+    if not batch:
+        why = f"no rollouts to train on ({infra} infra errors left out)" if infra else "no rollouts to train on"
+    elif stats.skipped_groups == stats.groups:
+        why = f"no group had a reward spread ({stats.skipped_groups} groups skipped)"
+    else:
+        why = (f"no rollout left to train on ({stats.skipped_groups} of {stats.groups} groups had no reward "
+               "spread; the others only empty completions)")
     return {"examples": {"rollout": stats.rollouts}, "groups": stats.groups, "skipped_groups": stats.skipped_groups,
             "infra_errors_left_out": infra, "steps": stats.steps, "tokens": stats.tokens,
             "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
             "final_loss": stats.final_loss, "clip_fraction": round(stats.clip_fraction, 4),
-            "initial_log_ratio": stats.initial_log_ratio}
+            "initial_log_ratio": stats.initial_log_ratio, "behaviour_logprobs": stats.behaviour_logprobs,
+            "logprob_delta_mean": stats.logprob_delta_mean, "logprob_delta_max": stats.logprob_delta_max,
+            "untrained_reason": why}
 
 
 def _file_hash(path) -> str:
