@@ -284,6 +284,7 @@ def _activation_checkpointing(model: Any, enabled: bool, dropout: bool) -> Itera
     enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
     disable = getattr(base, "activation_checkpointing_disable", None) or base.gradient_checkpointing_disable
     use_cache = getattr(base.config, "use_cache", None)
+    had_input_hook = hasattr(base, "_require_grads_hook")  # enable() adds one that disable() may leave
     enable()
     base.config.use_cache = False
     if not dropout:
@@ -294,6 +295,8 @@ def _activation_checkpointing(model: Any, enabled: bool, dropout: bool) -> Itera
         yield
     finally:
         disable()
+        if not had_input_hook and hasattr(base, "_require_grads_hook"):
+            base.disable_input_require_grads()
         if use_cache is not None:
             base.config.use_cache = use_cache
         model.eval()
