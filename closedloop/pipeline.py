@@ -84,7 +84,8 @@ STAGES: tuple[StageSpec, ...] = (
         (ws.EVALUATION,),
     ),
     StageSpec(
-        "gate", ("stages/gate.py", "evaluation/gate.py"), (ws.EVALUATION,), ("gate",), (ws.GATE,),
+        # The candidate: its closedloop_training.json says whether it trained at all.
+        "gate", ("stages/gate.py", "evaluation/gate.py"), (ws.EVALUATION, ws.CANDIDATE), ("gate",), (ws.GATE,),
     ),
     StageSpec(
         "promote", ("stages/promote.py",), (ws.GATE, ws.CHAMPION, ws.CANDIDATE), (), (ws.NEXT_CHAMPION,),

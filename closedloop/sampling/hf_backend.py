@@ -17,7 +17,7 @@ class HfSampler(SamplerBase):
         from closedloop.models.loading import load_policy
 
         model = params.model
-        self.model, tokenizer = load_policy(model_dir)  # TODO(device): device=model.device, dtype=model.dtype
+        self.model, tokenizer = load_policy(model_dir, device=model.device, dtype=model.dtype)
         self._resolve_prompt_format(tokenizer)
         self.context_length = getattr(self.model.config, "max_position_embeddings", None)
 

@@ -147,6 +147,16 @@ def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:
     return found
 
 
+def prompt_format_of(params: Params, tokenizer: Any):
+    """The PromptFormat sampling, training and evaluation all use for this model (models/prompts.py)."""
+    from closedloop.models.prompts import PromptFormatError, prompt_format
+
+    try:
+        return prompt_format(params.sample, params.model, tokenizer)
+    except PromptFormatError as error:
+        raise StageError(str(error)) from None
+
+
 def load_tasks(path: Path):
     from closedloop.envs.base import Task
     from closedloop.io import read_jsonl

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 
 from closedloop.io import read_json, read_jsonl
-from closedloop.stages.common import StageContext, StageError
+from closedloop.stages.common import StageContext, StageError, prompt_format_of
 
 TRAINING_FILE = "closedloop_training.json"
 
@@ -44,6 +45,9 @@ def run(ctx: StageContext) -> dict:
         inputs = (ctx.ws.train_set,)
 
     model, tokenizer = load_policy(ctx.ws.champion, device=ctx.params.model.device, dtype=ctx.params.model.dtype)
+    # Prompts are tokenised exactly as the sampler fed them (a chat template, or raw text).
+    prompt_format = prompt_format_of(ctx.params, tokenizer)
+    encode_prompt = partial(prompt_format.encode, tokenizer)
     seed = ctx.seed("train")
     if params.lora.enabled:
         import torch
@@ -67,9 +71,9 @@ def run(ctx: StageContext) -> dict:
         checkpoint = Checkpointing(ctx.ws.candidate.with_name("candidate.checkpoint"), params.checkpoint_every, identity)
     try:
         if mode == "grpo":
-            figures = _train_grpo(ctx, model, tokenizer, seed, checkpoint)
+            figures = _train_grpo(ctx, model, tokenizer, seed, checkpoint, encode_prompt)
         else:
-            figures = _train_supervised(ctx, model, tokenizer, seed, checkpoint)
+            figures = _train_supervised(ctx, model, tokenizer, seed, checkpoint, encode_prompt)
     except ResumeRefused as error:
         raise StageError(str(error)) from None
 
@@ -84,7 +88,8 @@ def run(ctx: StageContext) -> dict:
     staging = ctx.ws.candidate.with_name("candidate.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
-    save_settings(staging, ctx.params.sample)  # the rollouts it learned from were sampled with these
+    # the rollouts it learned from were sampled with these settings and this prompt format
+    save_settings(staging, ctx.params.sample, prompt_format.record(tokenizer))
     (staging / TRAINING_FILE).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
     shutil.rmtree(ctx.ws.candidate, ignore_errors=True)
     staging.rename(ctx.ws.candidate)
@@ -105,7 +110,7 @@ def untrained_reason(record: dict) -> str | None:
     return record.get("untrained_reason") or "it trained 0 steps"
 
 
-def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> dict:
+def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
     from closedloop.training.causal_lm import Example, train_causal_lm
 
     params = ctx.params.train
@@ -122,6 +127,7 @@ def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint
         model, tokenizer, examples, steps=params.steps, batch_size=params.batch_size, lr=params.lr,
         warmup_steps=params.warmup_steps, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
         micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
+        encode_prompt=encode_prompt,
     )
     sources: dict[str, int] = {}
     for record in records:
@@ -175,7 +181,7 @@ def select_replay(current: list[dict], batches: dict[str, list[dict]],
     return kept, mix
 
 
-def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> dict:
+def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
     from closedloop.rewards.shaping import shaped_reward
     from closedloop.stages.common import load_tasks
     from closedloop.training.grpo import Rollout, train_grpo
@@ -207,6 +213,7 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint) -> d
         negative_weight=grpo.negative_weight,
         temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
         micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
+        encode_prompt=encode_prompt,
     )
     if not batch:
         why = f"no rollouts to train on ({infra} infra errors left out)" if infra else "no rollouts to train on"

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from functools import partial
 import tempfile
 from pathlib import Path
 
 from closedloop.envs import get_env
 from closedloop.io import write_json, write_jsonl
 from closedloop.envs.taskfile import tasks_for
-from closedloop.stages.common import EnvPools, StageContext, env_mix, load_tasks
+from closedloop.stages.common import EnvPools, StageContext, env_mix, load_tasks, prompt_format_of
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -50,12 +51,14 @@ def run(ctx: StageContext) -> dict:
     seed = params.stage_seed("warmstart", False)
     if params.warmstart.lora:
         model = _with_lora(model, params.train.lora, seed)
+    prompt_format = prompt_format_of(params, tokenizer)
     examples = [Example(prompt=t.prompt, completion=t.reference) for t in references]
     stats = train_causal_lm(
         model, tokenizer, examples, steps=params.warmstart.steps, batch_size=params.warmstart.batch_size,
         lr=params.warmstart.lr, warmup_steps=params.warmstart.warmup_steps,
         seed=seed, progress=ctx.progress,
         micro_batch_size=params.train.micro_batch_size, gradient_checkpointing=params.train.gradient_checkpointing,
+        encode_prompt=partial(prompt_format.encode, tokenizer),
     )
     if params.warmstart.lora:
         from closedloop.training.lora import merged
@@ -64,7 +67,7 @@ def run(ctx: StageContext) -> dict:
     staging = ctx.ws.warmstart_model.with_name("warmstart.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
-    save_settings(staging, params.sample)
+    save_settings(staging, params.sample, prompt_format.record(tokenizer))
     shutil.rmtree(ctx.ws.warmstart_model, ignore_errors=True)
     staging.rename(ctx.ws.warmstart_model)
 
