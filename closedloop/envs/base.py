@@ -54,7 +54,10 @@ class Verdict:
     ``components`` are the separate reward signals in [0, 1] (``None`` = not applicable), combined by
     weights from params.yaml elsewhere. ``steps`` are the step signals in the order the verifier
     checks them (e.g. parses → runs → tests); ``failed_step`` names the first one that failed (None
-    when the completion passed or was not judged). ``feedback`` is a short message usable as the
+    when the completion passed or was not judged). When a chat reply's answer had to be read out of
+    it first (envs/extraction.py), ``steps`` start with ``extract``: how it was read (a string, which
+    reward shaping and check counts skip), or False when nothing could be read (then ``failed_step``
+    is ``"extract"``); a raw continuation's steps have no ``extract``. ``feedback`` is a short message usable as the
     prompt of a failure→fix pair. ``timing`` holds wall-clock figures, kept apart so batch files stay
     deterministic.
     """

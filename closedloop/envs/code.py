@@ -1,7 +1,9 @@
 """The code environment: write a short Python function from a one-line spec; hidden tests judge it.
 
 Generation is trusted: expected outputs come from executing the generator's own reference in this
-process. Model completions only ever run in the sandbox, and their outputs are compared here.
+process. Model completions only ever run in the sandbox, and their outputs are compared here. The
+program a completion makes is prompt + completion; a chat reply's (a fenced block, a restated def) is
+read by envs/extraction.py first, and the verdict's steps then start with ``extract``.
 
 Splits are disjoint by construction: a task belongs to the benchmark iff the hash of its *behaviour*
 (the reference's outputs on a fixed probe set) falls in a fixed bucket, so train can never emit a
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, not_judged
 from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, probe_inputs
+from closedloop.envs import extraction
+from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.sandbox.child import to_plain
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -72,7 +76,8 @@ class CodeEnv(BaseEnvironment):
         self.params = params
 
     def component_sources(self) -> dict[str, tuple[Any, Any]]:
-        config = {"tests_per_task": self.params.tests_per_task, "sandbox": self.params.sandbox.model_dump(mode="json")}
+        config = {"tests_per_task": self.params.tests_per_task, "sandbox": self.params.sandbox.model_dump(mode="json"),
+                  "extraction": extraction.version()}
         return {"syntax": (_judge, config), "runs": (_judge, config), "tests_passed": (_judge, config)}
 
     # -- generation ------------------------------------------------------------------------------
@@ -165,19 +170,42 @@ class CodeEnv(BaseEnvironment):
     # -- verification ----------------------------------------------------------------------------
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
-        """One sandbox job per completion (program = prompt + completion); never raises on bad code."""
+        """One sandbox job per completion whose program could be read (a raw continuation's program is
+        prompt + completion; extraction.extract_program reads a chat reply's); never raises on bad code."""
         self.check_batch(tasks, completions)
-        jobs = [_job(t, c) for t, c in zip(tasks, completions)]
-        results = pool.run(jobs)
-        return [_judge(task, result, pool) for task, result in zip(tasks, results)]
+        read = [extract_program(c, t.prompt, t.entry_point) for t, c in zip(tasks, completions)]
+        todo = [i for i, extraction in enumerate(read) if not extraction.failed]
+        results = pool.run([_job(tasks[i], read[i].text) for i in todo]) if todo else []
+        verdicts = [_not_extracted(task, extraction) for task, extraction in zip(tasks, read)]
+        for i, result in zip(todo, results):
+            verdicts[i] = _with_extraction(_judge(tasks[i], result, pool), read[i])
+        return verdicts
 
 
-def _job(task: Task, completion: str) -> Job:
+def _tests_total(task: Task) -> int | None:
+    return len(task.checks["calls"]) if "calls" in task.checks else None  # a test program counts its own
+
+
+def _not_extracted(task: Task, extraction: Extraction) -> Verdict:
+    """The verdict of a reply no program could be read from: nothing ran."""
+    return Verdict(
+        components={"syntax": 0.0, "runs": 0.0, "tests_passed": 0.0},
+        steps={**extraction.steps, "parses": False, "runs": False, "tests_passed": 0, "tests_total": _tests_total(task)},
+        passed=False, feedback=extraction.feedback, status="format_error", failed_step="extract",
+    )
+
+
+def _with_extraction(verdict: Verdict, extraction: Extraction) -> Verdict:
+    """``verdict`` with the extraction step first (nothing added for a raw continuation)."""
+    return replace(verdict, steps={**extraction.steps, **verdict.steps}) if extraction.steps else verdict
+
+
+def _job(task: Task, program: str) -> Job:
     if "test" in task.checks:  # a HumanEval-format task: its check(candidate) runs on the trusted side
-        from closedloop.envs.humaneval import job_for
+        from closedloop.envs.humaneval import program_job
 
-        return job_for(task, completion)
-    return Job(task.prompt + completion, task.entry_point, task.checks["calls"], expected=task.checks["expected"])
+        return program_job(task, program)
+    return Job(program, task.entry_point, task.checks["calls"], expected=task.checks["expected"])
 
 
 def _load_trusted(program: str) -> Any:
@@ -193,7 +221,7 @@ def _call_text(task: Task, args: list) -> str:
 
 def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
     timing = {"wall_s": result.wall_s}
-    total = len(task.checks["calls"]) if "calls" in task.checks else None  # a test program counts its own
+    total = _tests_total(task)
     if result.status == "infra_error":
         # Says nothing about the completion: no reward components, no step signals to learn from.
         verdict = not_judged(COMPONENTS, STEPS, result.error)

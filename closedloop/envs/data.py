@@ -1,7 +1,8 @@
 """The data environment: a generated CSV and a request; the model writes pandas code returning a table.
 
 The prompt names the columns of data.csv (and other.csv for joins), shows two rows and the request,
-and opens ``def solve(df):``. The sandboxed program is prompt + completion + a driver appended here
+and opens ``def solve(df):``. The sandboxed program is prompt + completion (for a chat reply, what
+envs/extraction.py reads from it; the steps then start with ``extract``) + a driver appended here
 (after the completion, so the model cannot define it first): it reads the CSV files, calls
 ``solve`` and returns the table as plain data (columns, a dtype kind per column, rows with NaN as
 None). The expected table is the generator's own reference run in this process on the same CSV,
@@ -19,11 +20,14 @@ import io
 import json
 import math
 import random
+from dataclasses import replace
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Callable
 
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs import extraction
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
+from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.sandbox.records import ExecResult, Job
 
 if TYPE_CHECKING:
@@ -135,13 +139,19 @@ class DataEnv(BaseEnvironment):
     # -- verification ----------------------------------------------------------------------------
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
-        """One sandbox job per completion; never raises on bad code."""
+        """One sandbox job per completion whose program could be read (extraction.extract_program: a raw
+        continuation's is prompt + completion); never raises on bad code."""
         self.check_batch(tasks, completions)
-        results = pool.run([job_for(t, c) for t, c in zip(tasks, completions)])
-        return [judge(task, result, pool.limits) for task, result in zip(tasks, results)]
+        read = [extract_program(c, t.prompt, t.entry_point) for t, c in zip(tasks, completions)]
+        todo = [i for i, extraction in enumerate(read) if not extraction.failed]
+        results = pool.run([program_job(tasks[i], read[i].text) for i in todo]) if todo else []
+        verdicts = [_not_extracted(extraction) for extraction in read]
+        for i, result in zip(todo, results):
+            verdicts[i] = _with_extraction(judge(tasks[i], result, pool.limits), read[i])
+        return verdicts
 
     def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
-        config = {"driver": DRIVER, "float_tol": FLOAT_TOL}
+        config = {"driver": DRIVER, "float_tol": FLOAT_TOL, "extraction": extraction.version()}
         return {"syntax": (judge, config), "runs": (judge, config),
                 "schema": (compare_tables, config), "values": (compare_tables, config)}
 
@@ -218,9 +228,24 @@ def _run_trusted(program: str, files: dict[str, str]) -> dict[str, Any]:
 
 
 def job_for(task: Task, completion: str) -> Job:
-    # The completion may end mid-line; the newline keeps the driver's first def at column 0.
-    program = task.prompt + completion + "\n" + DRIVER
-    return Job(program, DRIVER_ENTRY, calls=[list(task.checks["args"])], files=dict(task.checks["files"]))
+    """The sandbox job of a raw continuation."""
+    return program_job(task, task.prompt + completion)
+
+
+def program_job(task: Task, program: str) -> Job:
+    # The program may end mid-line; the newline keeps the driver's first def at column 0.
+    return Job(program + "\n" + DRIVER, DRIVER_ENTRY, calls=[list(task.checks["args"])], files=dict(task.checks["files"]))
+
+
+def _not_extracted(extraction: Extraction) -> Verdict:
+    """The verdict of a reply no program could be read from: nothing ran."""
+    verdict = _verdict("format_error", extraction.feedback, "extract")
+    return replace(verdict, steps={**extraction.steps, **verdict.steps})
+
+
+def _with_extraction(verdict: Verdict, extraction: Extraction) -> Verdict:
+    """``verdict`` with the extraction step first (nothing added for a raw continuation)."""
+    return replace(verdict, steps={**extraction.steps, **verdict.steps}) if extraction.steps else verdict
 
 
 def _verdict(status: str, feedback: str, failed: str | None, parses: bool = False, runs: bool = False,

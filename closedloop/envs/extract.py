@@ -3,7 +3,9 @@
 Generated documents (invoices, emails, log lines, contracts, orders) state some facts; the prompt lists
 the fields to extract with their types. The verifier is three rule validators in a row (reusable ones,
 from closedloop.rewards.validators): one JSON object → the schema (required fields, types,
-enumerations, numeric ranges, dates) → field-level precision and recall against the truth.
+enumerations, numeric ranges, dates) → field-level precision and recall against the truth. A chat
+reply's JSON (in a ```json block, or after prose) is read first by envs/extraction.py, and its steps
+then start with ``extract``.
 
 A field the document does not give is typed "... or null" in the prompt and must be null: every
 listed field is required, so omitting it breaks the schema, while null and absent count the same
@@ -20,7 +22,9 @@ import random
 from typing import TYPE_CHECKING, Any, Callable
 
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs import extraction
 from closedloop.envs.extract_tasks import FAMILIES, Field
+from closedloop.envs.extraction import extract_json
 from closedloop.rewards.validators import check_schema, field_scores, parse_json
 
 if TYPE_CHECKING:
@@ -79,8 +83,9 @@ class ExtractEnv(BaseEnvironment):
         self.params = params
 
     def component_sources(self) -> dict[str, tuple[Callable, Any]]:
-        return {"format": (parse_json, {}), "schema": (check_schema, {}),
-                "fields": (field_scores, {"numeric_tolerance": NUMERIC_TOLERANCE})}
+        read = {"extraction": extraction.version()}
+        return {"format": (parse_json, read), "schema": (check_schema, read),
+                "fields": (field_scores, {"numeric_tolerance": NUMERIC_TOLERANCE, **read})}
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -133,14 +138,18 @@ class ExtractEnv(BaseEnvironment):
 
     @staticmethod
     def _judge(task: Task, completion: str) -> Verdict:
-        value, error = parse_json(completion)
+        read = extract_json(completion, task.prompt)  # a raw continuation is read as it is, and its steps get no "extract"
+        nothing = {"valid_json": False, "schema_valid": False, "field_precision": 0.0, "field_recall": 0.0}
+        if read.failed:
+            return Verdict(components={name: 0.0 for name in COMPONENTS}, steps={**read.steps, **nothing}, passed=False,
+                           feedback=read.feedback, status="format_error", failed_step="extract")
+        value, error = parse_json(read.text)
         if value is None:
-            return Verdict(components={name: 0.0 for name in COMPONENTS},
-                           steps={"valid_json": False, "schema_valid": False, "field_precision": 0.0, "field_recall": 0.0},
+            return Verdict(components={name: 0.0 for name in COMPONENTS}, steps={**read.steps, **nothing},
                            passed=False, feedback=f"valid_json: {error}", status="format_error", failed_step="valid_json")
         schema = check_schema(value, task.checks["schema"])
         fields = field_scores(value, task.checks["truth"], numeric_tolerance=NUMERIC_TOLERANCE)
-        steps = {"valid_json": True, "schema_valid": schema.score == 1.0,
+        steps = {**read.steps, "valid_json": True, "schema_valid": schema.score == 1.0,
                  "field_precision": fields.precision, "field_recall": fields.recall}
         failed_step = next((name for name in STEPS[1:] if steps[name] < 1), None)
         passed = failed_step is None

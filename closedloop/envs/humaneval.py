@@ -2,8 +2,9 @@
 
 Such a set (gzip or not) can be the code environment's training source or its benchmark, and
 ``closedloop verify`` scores other models' completions on it. The program a completion makes is
-``prompt + completion``; it runs in the sandbox, and the test's ``check(candidate)`` runs on the
-trusted side after the prompt (which defines helpers the tests use), never in the same process.
+``prompt + completion`` (for a chat reply, what envs/extraction.py reads from it); it runs in the
+sandbox, and the test's ``check(candidate)`` runs on the trusted side after the prompt (which defines
+helpers the tests use), never in the same process.
 """
 
 from __future__ import annotations
@@ -78,5 +79,10 @@ def load_humaneval(path: Path, split: str = "benchmark") -> list[Task]:
 
 
 def job_for(task: Task, completion: str) -> Job:
-    """The sandbox job of a completion for a HumanEval-format task."""
-    return Job(task.prompt + completion, task.entry_point, test=task.checks["test"], prelude=task.prompt)
+    """The sandbox job of a completion (a raw continuation) for a HumanEval-format task."""
+    return program_job(task, task.prompt + completion)
+
+
+def program_job(task: Task, program: str) -> Job:
+    """The sandbox job of a whole program for a HumanEval-format task (the test's prelude stays the prompt)."""
+    return Job(program, task.entry_point, test=task.checks["test"], prelude=task.prompt)

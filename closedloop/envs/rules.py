@@ -10,7 +10,8 @@ case. The completion answers, one line each::
 
 The verifier's rule engine derives the true chain from the structured spec kept in the task's
 checks (rules_tasks describes it); it evaluates data and never evals text. Steps: format → each
-rule's conclusion → the decision. Splits are disjoint by construction: a task belongs to the
+rule's conclusion → the decision; a chat reply's lines (in markdown bold, bullets, a table or a
+fence) are read first by envs/extraction.py, and its steps then start with ``extract``. Splits are disjoint by construction: a task belongs to the
 benchmark iff the hash of its family and spec falls in base.in_benchmark's bucket.
 """
 
@@ -20,7 +21,9 @@ import random
 import re
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from closedloop.envs import extraction
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.rewards.validators import match_format
 
@@ -124,7 +127,7 @@ class RulesEnv(BaseEnvironment):
         self.params = params
 
     def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
-        lines = {"rule_line": RULE_LINE, "decision_line": DECISION_LINE}
+        lines = {"rule_line": RULE_LINE, "decision_line": DECISION_LINE, "extraction": extraction.version()}
         return {"format": (match_format, lines), "steps": (RuleEngine, lines), "decision": (RuleEngine, lines)}
 
     # -- generation ------------------------------------------------------------------------------
@@ -186,15 +189,20 @@ class RulesEnv(BaseEnvironment):
         spec = task.checks["spec"]
         ids = [rule["id"] for rule in spec["rules"]]
         chain = RuleEngine.evaluate(spec)
-        form = match_format(completion, [RULE_LINE.format(id=re.escape(i)) for i in ids] + [DECISION_LINE])
+        outcomes = sorted({rule["then"] for rule in spec["rules"]} | {spec["default"]})
+        read = extract_rule_lines(completion, ids, outcomes)  # a raw continuation is read as it is, no "extract" step
+        nothing = {**read.steps, "format_ok": False, **{i: False for i in ids}, "decision": False}
+        if read.failed:
+            return Verdict(components={name: 0.0 for name in COMPONENTS}, steps=nothing, passed=False,
+                           feedback=read.feedback, status="format_error", failed_step="extract")
+        form = match_format(read.text, [RULE_LINE.format(id=re.escape(i)) for i in ids] + [DECISION_LINE])
         if form.score < 1.0:
-            return Verdict(components={name: 0.0 for name in COMPONENTS},
-                           steps={"format_ok": False, **{i: False for i in ids}, "decision": False}, passed=False,
+            return Verdict(components={name: 0.0 for name in COMPONENTS}, steps=nothing, passed=False,
                            feedback=f"format: {form.message}", status="format_error", failed_step="format_ok")
         answers = [groups[0] == "yes" for groups in form.groups[:-1]]
         decision = form.groups[-1][0]
         right = [answer == truth for answer, truth in zip(answers, chain.conclusions)]
-        steps = {"format_ok": True, **dict(zip(ids, right)), "decision": decision == chain.decision}
+        steps = {**read.steps, "format_ok": True, **dict(zip(ids, right)), "decision": decision == chain.decision}
         wrong = next((index for index, ok in enumerate(right) if not ok), None)
         if wrong is not None:
             failed_step = ids[wrong]

@@ -9,7 +9,9 @@ with the expected one, which script_tasks computed from the spec in plain Python
 Steps, in order: parses → exits_cleanly (ran to its end or sys.exit(0)) → files_match (the fraction
 of paths in the expected and resulting trees that are right), then one ``file:<path>`` step per path
 in either tree, sorted: True where the file is as expected, False where it differs, is missing or
-should not be there. A task passes when every path matches.
+should not be there. A task passes when every path matches. A chat reply's script is read first
+(envs/extraction.py: its first ```python block, run after the prompt), and its steps then start
+with ``extract``.
 
 Splits are disjoint by construction: a task belongs to the benchmark iff the hash of what it asks
 falls in base's fixed bucket. What it asks is all the prompt says: the operation, its arguments and
@@ -23,7 +25,9 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from closedloop.envs import extraction
 from closedloop.envs.base import BaseEnvironment, SLICES, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -89,7 +93,7 @@ class ScriptEnv(BaseEnvironment):
         self.params = params
 
     def component_sources(self) -> dict[str, tuple[Any, Any]]:
-        config = {"sandbox": self.params.sandbox.model_dump(mode="json")}
+        config = {"sandbox": self.params.sandbox.model_dump(mode="json"), "extraction": extraction.version()}
         return {"syntax": (_judge, config), "runs": (_judge, config), "files": (compare_trees, config)}
 
     # -- generation ------------------------------------------------------------------------------
@@ -147,15 +151,19 @@ class ScriptEnv(BaseEnvironment):
     # -- verification ----------------------------------------------------------------------------
 
     def verify_batch(self, tasks: list[Task], completions: list[str], pool: SandboxPool) -> list[Verdict]:
-        """One script job per non-blank completion (program = prompt + completion); never raises on bad output."""
+        """One script job per non-blank completion whose script could be read (program = prompt +
+        completion, or prompt + a chat reply's ```python block); never raises on bad output."""
         self.check_batch(tasks, completions)
         limits = self.params.sandbox.limits()  # exec allowed, whatever limits the pool was built with
-        verdicts: list[Verdict | None] = [_blank(t) if not c.strip() else None for t, c in zip(tasks, completions)]
+        read = [extract_program(c, t.prompt) for t, c in zip(tasks, completions)]
+        verdicts: list[Verdict | None] = [
+            _not_extracted(t, r) if r.failed else _blank(t) if not c.strip() else None
+            for t, c, r in zip(tasks, completions, read)]
         todo = [i for i, v in enumerate(verdicts) if v is None]
-        jobs = [Job(tasks[i].prompt + completions[i], "", files=tasks[i].checks["start"], limits=limits,
-                    collect_files=True) for i in todo]
+        jobs = [Job(read[i].text, "", files=tasks[i].checks["start"], limits=limits, collect_files=True) for i in todo]
         for i, result in zip(todo, pool.run(jobs) if jobs else []):
-            verdicts[i] = _judge(tasks[i], result)
+            verdict = _judge(tasks[i], result)
+            verdicts[i] = replace(verdict, steps={**read[i].steps, **verdict.steps}) if read[i].steps else verdict
         return verdicts  # type: ignore[return-value]
 
 
@@ -170,6 +178,12 @@ def _failed(task: Task, parses: bool, status: str, feedback: str, failed_step: s
     steps = {"parses": parses, "exits_cleanly": False, "files_match": 0.0, **_file_steps(task.checks["expected"], None)}
     return Verdict(components={"syntax": float(parses), "runs": 0.0, "files": 0.0}, steps=steps, passed=False,
                    feedback=feedback, status=status, timing=timing, failed_step=failed_step)
+
+
+def _not_extracted(task: Task, extraction: Extraction) -> Verdict:
+    """The verdict of a reply no script could be read from: nothing ran."""
+    verdict = _failed(task, False, "format_error", extraction.feedback, "extract", {})
+    return replace(verdict, steps={**extraction.steps, **verdict.steps})
 
 
 def _blank(task: Task) -> Verdict:

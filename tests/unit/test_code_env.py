@@ -13,6 +13,7 @@ from closedloop.envs import ENVIRONMENTS, get_env
 from closedloop.envs.base import Task
 from closedloop.envs.code import CodeEnv, _load_trusted, behaviour_hash, in_benchmark
 from closedloop.rewards.combine import combine
+from closedloop.rewards.shaping import progress
 from closedloop.sandbox.grader import same_value
 from closedloop.envs.code_tasks import FAMILIES
 from closedloop.sandbox import Limits, SandboxPool, to_plain
@@ -260,3 +261,54 @@ def test_the_same_input_gets_the_same_verdict(env, pool, tasks):
     first, second = (env.verify_batch(chosen, completions, pool) for _ in range(2))
     strip = lambda v: (v.components, v.steps, v.passed, v.feedback, v.status, v.failed_step)  # noqa: E731
     assert [strip(v) for v in first] == [strip(v) for v in second]
+
+
+def _signature(task: Task) -> str:
+    return task.prompt.splitlines()[-1]  # "def f(xs):"
+
+
+class TestChatReplies:
+    """An instruct model's reply: the program is read out of it (envs/extraction.py) before it runs."""
+
+    REPLIES = [  # (how the reference is wrapped, how extraction reads it)
+        (lambda t: f"Here is the function:\n```python\n{_signature(t)}\n{t.reference}```\nIt works because...", "fenced"),
+        (lambda t: f"```python\n{t.reference}```", "fenced"),  # only the body, fenced
+        (lambda t: f"{_signature(t)}\n{t.reference}\nThis returns the value asked for.", "signature"),  # unfenced
+    ]
+
+    @pytest.mark.parametrize("wrap, how", REPLIES)
+    def test_a_wrapped_reference_passes_like_the_raw_one(self, env, pool, tasks, wrap, how):
+        chosen = [next(t for t in tasks if t.kind == kind) for kind in KINDS]
+        raw = env.verify_batch(chosen, [t.reference for t in chosen], pool)
+        for task, plain, verdict in zip(chosen, raw, env.verify_batch(chosen, [wrap(t) for t in chosen], pool)):
+            assert verdict.passed and verdict.components == plain.components, (task.reference, verdict)
+            assert list(verdict.steps) == ["extract", *plain.steps] and verdict.steps["extract"] == how
+            assert progress(verdict.steps) == progress(plain.steps) == 1.0  # reading a reply earns nothing by itself
+
+    def test_raw_continuations_get_no_extract_step(self, env, pool, tasks):
+        for verdict in env.verify_batch(tasks[:5], [t.reference for t in tasks[:5]], pool):
+            assert list(verdict.steps) == ["parses", "runs", "tests_passed", "tests_total"]
+
+    def test_a_broken_fence_fails_at_the_extract_step_and_runs_nothing(self, env, pool, tasks):
+        task = tasks[0]
+        verdict = env.verify(task, f"```python\n{_signature(task)}\n{task.reference}", pool)
+        assert verdict.failed_step == "extract" and verdict.status == "format_error" and not verdict.passed
+        assert verdict.feedback.startswith("extract: the ``` fence opened on line 1 is never closed")
+        assert verdict.components == {"syntax": 0.0, "runs": 0.0, "tests_passed": 0.0} and verdict.timing == {}
+        assert verdict.steps == {"extract": False, "parses": False, "runs": False, "tests_passed": 0, "tests_total": 6}
+        assert progress(verdict.steps) == 0.0
+
+    def test_a_fenced_wrong_answer_fails_where_the_raw_one_does(self, env, pool, tasks):
+        task = next(t for t in tasks if t.kind == "reduce")
+        for body in ("    return (\n", "    return 1 / 0\n", "    return None\n"):
+            raw, fenced = env.verify_batch([task, task], [body, f"```python\n{_signature(task)}\n{body}```"], pool)
+            assert (fenced.failed_step, fenced.status, fenced.components) == (raw.failed_step, raw.status, raw.components)
+
+    def test_a_humaneval_reply_that_restates_the_def_keeps_the_prompts_imports(self, env, pool):
+        prompt = 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """The sum of xs."""\n'
+        task = Task(task_id="HumanEval/x", env="code", split="benchmark", slice="core", kind="humaneval", prompt=prompt,
+                    entry_point="total", checks={"test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n"},
+                    reference="    return sum(xs)\n")
+        reply = "```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```"
+        raw, chat = env.verify_batch([task, task], [task.reference, reply], pool)
+        assert raw.passed and chat.passed and chat.steps["extract"] == "fenced"

@@ -298,3 +298,32 @@ def test_model_code_runs_only_in_the_sandbox(env, pool, tasks, tmp_path):
     verdict = env.verify(tasks[0], completion, pool)
     assert not marker.exists() and "CLOSEDLOOP_ESCAPED" not in __import__("os").environ
     assert verdict.steps["parses"] is True and not verdict.passed  # it ran, somewhere else
+
+
+# -- chat replies: the program is read out of them first (envs/extraction.py) ------------------------
+
+
+def _def_line(task) -> str:
+    return task.prompt.splitlines()[-1]  # "def solve(df):"
+
+
+@pytest.mark.parametrize("wrap, how", [
+    (lambda t: f"Here's the code:\n```python\nimport pandas as pd\n\n{_def_line(t)}\n{t.reference}```\nIt filters...", "fenced"),
+    (lambda t: f"```py\n{t.reference}```", "fenced"),  # the body only
+    (lambda t: f"import pandas as pd\n{_def_line(t)}\n{t.reference}\nThat is all.", "signature"),  # unfenced
+])
+def test_a_wrapped_reference_passes_like_the_raw_one(env, pool, tasks, wrap, how):
+    chosen = _one_per_kind(tasks)
+    for task, verdict in zip(chosen, env.verify_batch(chosen, [wrap(t) for t in chosen], pool)):
+        assert verdict.passed and verdict.components == {name: 1.0 for name in env.components}, (task.task_id, verdict)
+        assert list(verdict.steps) == ["extract", *STEPS] and verdict.steps["extract"] == how
+
+
+def test_a_broken_fence_fails_at_the_extract_step(env, pool, tasks):
+    for completion, error in ((f"```python\n{_def_line(tasks[0])}\n{tasks[0].reference}", "is never closed"),
+                              ("```sql\nSELECT * FROM df\n```", "expected a ```python block")):
+        verdict = env.verify(tasks[0], completion, pool)
+        assert verdict.failed_step == "extract" and verdict.status == "format_error" and not verdict.passed
+        assert verdict.feedback.startswith("extract: ") and error in verdict.feedback
+        assert verdict.components == {name: 0.0 for name in env.components}
+        assert list(verdict.steps) == ["extract", *STEPS] and not any(verdict.steps.values())

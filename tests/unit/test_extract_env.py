@@ -198,7 +198,7 @@ class TestPerturbations:
         lambda ref: ref[: len(ref) // 2],  # truncated
         lambda ref: ref.rstrip("\n") + " and more",  # trailing junk
         lambda ref: ref + ref,  # two objects
-        lambda ref: f"```json\n{ref}```",
+        lambda ref: ref + "```",  # a closing fence after a raw object (a ```json block is read: TestChatReplies)
         lambda ref: "[" + ref.strip() + "]",
     ])
     def test_malformed_output_gets_zero(self, env, tasks, make):
@@ -235,3 +235,40 @@ def test_schema_helpers():
     assert json_schema(fields)["properties"] == {
         "total": {"type": "number", "minimum": 0}, "due": {"type": ["string", "null"], "format": "date"},
         "currency": {"type": "string", "enum": ["EUR", "USD"]}, "room": {"type": "integer", "minimum": 1, "maximum": 30}}
+
+
+class TestChatReplies:
+    """An instruct model's reply: its JSON is read out of it first (envs/extraction.py)."""
+
+    @pytest.mark.parametrize("wrap, how", [
+        (lambda ref: f"```json\n{ref}```", "fenced"),
+        (lambda ref: f"Here is the extracted data:\n\n```json\n{ref}```\n\nAll fields come from the document.", "fenced"),
+        (lambda ref: f"Here is the JSON:\n{ref}\nI read the total from the second line.", "json_object"),
+        (lambda ref: "The fields are: " + json.dumps(json.loads(ref), indent=2), "json_object"),  # pretty-printed
+    ])
+    def test_a_wrapped_reference_gets_full_reward(self, env, tasks, wrap, how):
+        for task in tasks[::5]:
+            verdict = env.verify(task, wrap(task.reference))
+            assert verdict.passed and verdict.components == {name: 1.0 for name in COMPONENTS}, verdict
+            assert list(verdict.steps) == ["extract", *STEPS] and verdict.steps["extract"] == how
+
+    def test_raw_completions_get_no_extract_step(self, env, tasks):
+        assert all(list(env.verify(t, t.reference).steps) == list(STEPS) for t in tasks[::5])
+
+    def test_a_wrapped_wrong_answer_fails_where_the_raw_one_does(self, env, tasks):
+        for task in tasks[::9]:
+            wrong = answer(task, **{list(task.checks["truth"])[0]: ...})
+            raw, chat = env.verify(task, wrong), env.verify(task, f"```json\n{wrong}\n```")
+            assert (chat.failed_step, chat.components, chat.feedback) == (raw.failed_step, raw.components, raw.feedback)
+
+    @pytest.mark.parametrize("completion, error", [
+        ('```json\n{"vendor": "Acme"', "fence opened on line 1 is never closed"),  # cut off
+        ("```python\nprint('hi')\n```", "expected a ```json block"),
+    ])
+    def test_a_broken_fence_fails_at_the_extract_step(self, env, tasks, completion, error):
+        verdict = env.verify(tasks[0], completion)
+        assert verdict.failed_step == "extract" and verdict.status == "format_error" and not verdict.passed
+        assert verdict.feedback.startswith("extract: ") and error in verdict.feedback
+        assert verdict.components == {name: 0.0 for name in COMPONENTS}
+        assert verdict.steps == {"extract": False, "valid_json": False, "schema_valid": False,
+                                 "field_precision": 0.0, "field_recall": 0.0}

@@ -280,3 +280,42 @@ class TestVerdicts:
         sources = env.component_sources()
         assert set(sources) == set(COMPONENTS) and sources["steps"][0] is RuleEngine
         assert source_version(*sources["format"]) != source_version(*sources["steps"])
+
+
+def _markdown(ref: str) -> str:
+    """The reference as an instruct model writes it: reasoning, bold keys, capitals, a final decision."""
+    lines = ref.strip().splitlines()
+    rules = [f"- **{line.split(': ')[0]}:** {line.split(': ')[1].capitalize()}" for line in lines[:-1]]
+    return "Let me check each rule against the case.\n\n" + "\n".join(rules) + f"\n\n**Decision:** {lines[-1].split(': ')[1]}"
+
+
+class TestChatReplies:
+    """An instruct model's reply: the rule lines are read out of its markdown first (envs/extraction.py)."""
+
+    @pytest.mark.parametrize("wrap, how", [
+        (_markdown, "markdown"),
+        (lambda ref: f"Here is my answer:\n```\n{ref}```\n", "fenced"),
+        (lambda ref: "| Rule | Applies |\n|---|---|\n" + "".join(f"| {line.replace(': ', ' | ')} |\n" for line in ref.splitlines()[:-1])
+         + f"\n**{ref.splitlines()[-1]}**", "markdown"),
+    ])
+    def test_a_wrapped_reference_gets_full_reward(self, env, tasks, wrap, how):
+        for task in tasks[::5]:
+            verdict = env.verify(task, wrap(task.reference))
+            assert verdict.passed and verdict.components == {name: 1.0 for name in COMPONENTS}, (wrap(task.reference), verdict)
+            assert list(verdict.steps)[:2] == ["extract", "format_ok"] and verdict.steps["extract"] == how
+
+    def test_raw_completions_get_no_extract_step(self, env, tasks):
+        assert all(list(env.verify(t, t.reference).steps)[0] == "format_ok" for t in tasks[::5])
+
+    def test_a_wrong_conclusion_in_markdown_fails_at_that_rule(self, env, tasks):
+        for task in tasks[::7]:
+            wrong = flip(lines(task)[0]) + "\n" + "\n".join(lines(task)[1:]) + "\n"
+            raw, chat = env.verify(task, wrong), env.verify(task, _markdown(wrong))
+            assert (chat.failed_step, chat.components, chat.feedback) == (raw.failed_step, raw.components, raw.feedback)
+
+    def test_a_reply_with_no_rule_lines_fails_at_the_extract_step(self, env, tasks):
+        verdict = env.verify(tasks[0], "```\nI am not sure.\n```")
+        assert verdict.failed_step == "extract" and verdict.status == "format_error" and not verdict.passed
+        assert verdict.feedback == "extract: no 'R1: yes|no' or 'decision: ...' line in the reply"
+        assert verdict.components == {name: 0.0 for name in COMPONENTS}
+        assert verdict.steps["extract"] is False and not any(verdict.steps.values())

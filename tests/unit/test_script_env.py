@@ -370,3 +370,31 @@ def test_no_two_tasks_of_a_family_ask_for_the_same_tree():
         answers = Counter(json.dumps(t.checks["expected"], sort_keys=True) for t in tasks if t.kind == family.name)
         assert len(answers) == sum(answers.values()), family.name
 
+
+
+class TestChatReplies:
+    """An instruct model's reply: its ```python block is run after the prompt (envs/extraction.py)."""
+
+    @pytest.mark.parametrize("wrap", [
+        lambda t: f"Here is a script that does it:\n\n```python\nimport os\n\n{t.reference}```\n\nRun it in the folder.",
+        lambda t: f"```bash\nls\n```\nThen:\n```python\n{t.reference}```",  # the python block, not the shell one
+    ])
+    def test_a_fenced_reference_passes_like_the_raw_one(self, env, tasks, pool, reference_verdicts, wrap):
+        chosen = list(range(0, len(tasks), max(1, len(tasks) // 12)))
+        verdicts = env.verify_batch([tasks[i] for i in chosen], [wrap(tasks[i]) for i in chosen], pool)
+        for i, verdict in zip(chosen, verdicts):
+            raw = reference_verdicts[i]
+            assert verdict.passed and verdict.components == raw.components, (tasks[i].reference, verdict)
+            assert verdict.steps == {"extract": "fenced", **raw.steps} and list(verdict.steps)[0] == "extract"
+
+    def test_a_broken_fence_fails_at_the_extract_step_and_runs_nothing(self, env, tasks, pool):
+        task = tasks[0]
+        verdict = env.verify(task, f"Here:\n```python\n{task.reference}", pool)
+        assert verdict.failed_step == "extract" and verdict.status == "format_error" and not verdict.passed
+        assert verdict.feedback == "extract: the ``` fence opened on line 2 is never closed (was the reply cut off?)"
+        assert verdict.components == {"syntax": 0.0, "runs": 0.0, "files": 0.0} and verdict.timing == {}
+        assert list(verdict.steps)[:2] == ["extract", "parses"] and not any(verdict.steps.values())
+
+    def test_an_empty_block_is_not_run(self, env, tasks, pool):
+        verdict = env.verify(tasks[0], "```python\n\n```", pool)
+        assert verdict.failed_step == "extract" and "empty" in verdict.feedback
