@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from closedloop.config import Params
+from closedloop.workspace import Workspace
 
 
 def status_text(root: Path, params: Params, limit: int = 10) -> str:
@@ -21,6 +22,12 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
         tags = tracking.model_version_tags(name, champion)
         lines.append(f"champion    {name} v{champion}  iteration {tags.get('iteration', '?')}  "
                      f"benchmark pass@1 {tags.get('benchmark.pass_at_1', '?')}  model {tags.get('dvc.model', '?')[:12]}")
+    champion_dir = Workspace.at(root).champion
+    if (champion_dir / "config.json").is_file():
+        from closedloop.models.loading import model_fingerprint
+
+        # The name an external inference server may serve the champion under (sample.server.url).
+        lines.append(f"champion    {champion_dir}  fingerprint {model_fingerprint(champion_dir)}")
     challenger = tracking.get_alias(name, "challenger")
     if challenger is not None:
         lines.append(f"challenger  {name} v{challenger}")

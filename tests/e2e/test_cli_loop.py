@@ -73,6 +73,9 @@ def test_status_names_the_champion_and_iterations(ran):
     root, _ = ran
     out = cli("closedloop", "status", cwd=root).stdout
     assert "champion    closedloop-policy v" in out
+    from closedloop.models.loading import model_fingerprint
+
+    assert f"fingerprint {model_fingerprint(root / 'data/champion')}" in out  # what a server may serve it as
     assert "iteration-001" in out and "iteration-002" in out
     assert "iter-001-" in out
 
