@@ -40,15 +40,16 @@ Rules per answer kind (the first that applies wins):
      strictly, as before: prose after the object stays an error).
   2. A fence: the first closed block tagged json, else the first untagged one: ``"fenced"``.
      Failures: an unclosed fence and no closed block; only blocks in other languages; an empty block.
-  3. Prose first (at least two words before it, not inside an array: ``[`` or ``,`` just before it,
-     and not a copy of the prompt's text, as a continuation that ran on from the prompt writes):
-     the first balanced ``{...}`` that parses as a JSON object (else the first balanced one, so the
-     verifier reports its error): ``"json_object"``; prose after it is dropped. Otherwise ``"as_is"``.
+  3. Prose first: at least two words before the object, and not JSON (no ``":``, no ``[`` or ``,``
+     just before it: a broken object or an array) nor the prompt's text run on (a copy of it, or
+     text ending with the prompt's last line): the first balanced ``{...}`` that parses as a JSON
+     object (else the first balanced one, so the verifier reports its error): ``"json_object"``;
+     prose after it is dropped. Otherwise ``"as_is"``.
 
 ``extract_rule_lines`` (rules)
-  Marks: a fence line, or a rule / decision key in markdown (``**R1:** yes``, ``R1: **yes**``,
+  Marks: a fence line, or two rule / decision keys in markdown (``**R1:** yes``, ``R1: **yes**``,
   ```R1```, ``- R1:``, ``1. R1``, ``### Decision``, ``| R1 | yes |``); a single stray ``*`` or ``|``
-  is not one. Without a mark: ``"as_is"``. With one,
+  is not markdown, nor is one marked line (a raw continuation can slip one in). Without: ``"as_is"``. With one,
   every line is read for ``<key>: <value>`` once the markdown is stripped (an optional parenthesis
   after the key is allowed, ``R1 (income >= 50000): no``). The answer is the value's first word when
   it is yes / no (a decision: one of the task's outcomes), in any case; else the last such word the
@@ -118,13 +119,20 @@ class Block(NamedTuple):
     line: int  # the 1-based line of the opening fence
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of ``text`` as Python source has them: split at \\n, \\r\\n and \\r only (str.splitlines
+    would also split at form feeds and the like, which a string literal in the code may hold)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def _failed(error: str) -> Extraction:
     return Extraction("", FAILED, error)
 
 
 def has_fence(text: str) -> bool:
     """Whether any line of ``text`` is a ``` fence."""
-    return "```" in text and any(_OPEN.match(line) for line in text.splitlines())
+    return "```" in text and any(_OPEN.match(line) for line in _lines(text))
 
 
 def fenced_blocks(text: str) -> tuple[list[Block], int | None]:
@@ -134,7 +142,7 @@ def fenced_blocks(text: str) -> tuple[list[Block], int | None]:
     lose up to the opening fence's indentation, so a block inside a list item reads as top-level code.
     """
     blocks: list[Block] = []
-    lines = text.splitlines()
+    lines = _lines(text)
     index = 0
     while index < len(lines):
         opened = _OPEN.match(lines[index])
@@ -173,14 +181,14 @@ def preamble(prompt: str, entry_point: str) -> str:
 
 
 def _first_line(text: str) -> str:
-    return next((line for line in text.splitlines() if line.strip()), "")
+    return next((line for line in _lines(text) if line.strip()), "")
 
 
 def _restated_def(completion: str, entry_point: str) -> str | None:
     """The code of a reply that *starts* with the def of ``entry_point`` (after imports or decorators): the
     def with its body and the top-level defs, classes and imports after it, up to the first other
     unindented line (prose). None when the reply does not start so."""
-    lines = completion.splitlines()
+    lines = _lines(completion)
     start = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
     at = start
     while at < len(lines) and (not lines[at].strip() or _HEADER.match(lines[at])):
@@ -275,6 +283,14 @@ def first_json_object(text: str) -> str | None:
     return first_balanced
 
 
+def _runs_on(before: str, prompt: str) -> bool:
+    """Whether the text before an object is the prompt's, as a continuation that ran on writes it: a
+    copy of the prompt's text, or ending with the prompt's own last line (``JSON:``)."""
+    last = _first_line("\n".join(reversed(_lines(prompt)))).strip()
+    written = _first_line("\n".join(reversed(_lines(before)))).strip()
+    return before.strip() in prompt or (bool(last) and written == last)
+
+
 def extract_json(completion: str, prompt: str = "") -> Extraction:
     """The JSON text of a reply (see the module's rules); the completion as is when it starts with ``{``."""
     stripped = completion.strip()
@@ -292,8 +308,9 @@ def extract_json(completion: str, prompt: str = "") -> Extraction:
         return _failed(f"the reply's code blocks are {_languages(blocks)}, expected a ```json block")
     found = first_json_object(completion)
     before = completion[:completion.find(found)] if found is not None else ""
-    if found is None or not _PROSE.search(before) or before.rstrip().endswith(("[", ",")) or before.strip() in prompt:
-        return Extraction(completion, AS_IS)  # not prose (a stray word, an array, a copy of the prompt): as written
+    if (found is None or not _PROSE.search(before) or '":' in before or before.rstrip().endswith(("[", ","))
+            or _runs_on(before, prompt)):
+        return Extraction(completion, AS_IS)  # not prose (a stray word, broken JSON, the prompt run on): as written
     return Extraction(found, JSON_OBJECT)
 
 
@@ -349,8 +366,8 @@ def _answer_word(value: str, choices: Sequence[str]) -> str:
 def extract_rule_lines(completion: str, ids: Sequence[str], outcomes: Sequence[str] = ()) -> Extraction:
     """Canonical ``R1: yes`` / ``decision: x`` lines read from a markdown reply (see the module's rules)."""
     fenced = has_fence(completion)
-    if not fenced and not _marked_key(ids).search(completion):
-        return Extraction(completion, AS_IS)
+    if not fenced and len(_marked_key(ids).findall(completion)) < 2:
+        return Extraction(completion, AS_IS)  # one marked line can be a slip of a raw continuation
     key_line = re.compile(rf"({_key_pattern(ids)})\s*(?:\([^)]*\))?\s*(?::|=|->|→|–|—|-)\s*(.*)$", re.IGNORECASE)
     spelling = {i.lower(): i for i in ids}
     found: dict[str, str] = {}

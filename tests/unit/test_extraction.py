@@ -88,6 +88,10 @@ class TestFences:
         assert [(b.lang, b.code, b.line) for b in blocks] == [("python", "x = 1\n", 2), ("", "```\n", 5)]
         assert unclosed == 8
 
+    def test_code_keeps_form_feeds_and_crlf_lines_read(self):
+        blocks, _ = fenced_blocks("```python\r\nx = '\x0c'\r\n```\r\n")
+        assert blocks[0].code == "x = '\x0c'\n"  # a form feed in a string is not a line break
+
     def test_inline_backticks_are_not_fences(self):
         assert fenced_blocks("use `f` or ``g``") == ([], None)
 
@@ -105,6 +109,7 @@ class TestJson:
         ("[" + OBJ + "]", "[" + OBJ + "]", AS_IS),  # an array is not prose around an object
         ("x " + OBJ, "x " + OBJ, AS_IS),  # one stray word is not prose
         ('["two words", ' + OBJ + "]", '["two words", ' + OBJ + "]", AS_IS),  # inside an array: not prose before it
+        ('"vendor": "Acme"}\n' + OBJ, '"vendor": "Acme"}\n' + OBJ, AS_IS),  # a broken object first: not prose either
         ("```json\n" + OBJ + "\n```", OBJ + "\n", FENCED),  # the typical reply
         ("Here you go:\n```\n" + OBJ + "\n```\nDone.", OBJ + "\n", FENCED),  # untagged block
         ("```python\nx = 1\n```\n```json\n" + OBJ + "\n```", OBJ + "\n", FENCED),  # the json block, not the python one
@@ -114,6 +119,7 @@ class TestJson:
         ('Here it is: {"a": 1,}', '{"a": 1,}', JSON_OBJECT),  # broken: the verifier reports the object's error
         ("Here it is: {unclosed", "Here it is: {unclosed", AS_IS),  # no balanced object
         ("total (number)\nJSON:\n" + OBJ, "total (number)\nJSON:\n" + OBJ, AS_IS),  # the prompt's own text run on: not prose
+        ("Other fields here\nJSON:\n" + OBJ, "Other fields here\nJSON:\n" + OBJ, AS_IS),  # ending with the prompt's last line: another prompt's
     ])
     def test_what_is_parsed(self, completion, text, how):
         assert extract_json(completion, prompt="Document:\nAcme\nFields: total (number)\nJSON:\n") == Extraction(text, how)
@@ -142,6 +148,7 @@ class TestRuleLines:
         (CANON, CANON, AS_IS),  # the built-in's raw continuation
         ("R1: yes\n*R2: no\n|decision: approve", "R1: yes\n*R2: no\n|decision: approve", AS_IS),  # stray characters are not markdown
         ("R1: **no\nR2: no", "R1: **no\nR2: no", AS_IS),  # nor is unpaired bold
+        ("- R1: no\nR2: yes\ndecision: deny", "- R1: no\nR2: yes\ndecision: deny", AS_IS),  # one marked line is a slip, not markdown
         ("R1: yes\nR2: maybe\ndecision: x", "R1: yes\nR2: maybe\ndecision: x", AS_IS),  # wrong but unmarked: as is
         ("Let me check.\n" + CANON, "Let me check.\n" + CANON, AS_IS),  # plain prose without markdown: as is
         ("Decision: Approve\nR1: Yes", "Decision: Approve\nR1: Yes", AS_IS),  # capitals alone are not a mark
@@ -165,7 +172,7 @@ class TestRuleLines:
 
     @pytest.mark.parametrize("completion", [
         "```\nsome text\n```",  # a fence with no rule line
-        "- **R1** and R2 both apply",  # marked, but no key is followed by its answer
+        "- **R1** and R2 both apply\n- **R3** does too",  # marked, but no key is followed by its answer
     ])
     def test_failures_say_why(self, completion):
         read = extract_rule_lines(completion, IDS, OUTCOMES)
