@@ -43,8 +43,8 @@ Rules per answer kind (the first that applies wins):
   3. Prose first: at least two words before the object, and not JSON (no ``":``, no ``[`` or ``,``
      just before it: a broken object or an array) nor the prompt's text run on (a copy of it, or
      text ending with the prompt's last line): the first balanced ``{...}`` that parses as a JSON
-     object (else the first balanced one, so the verifier reports its error): ``"json_object"``;
-     prose after it is dropped. Otherwise ``"as_is"``.
+     object: ``"json_object"``; prose after it is dropped. Otherwise (no such object: a broken one
+     is not taken, noise holds balanced braces too) ``"as_is"``.
 
 ``extract_rule_lines`` (rules)
   Marks: a fence line, or two rule / decision keys in markdown (``**R1:** yes``, ``R1: **yes**``,
@@ -263,9 +263,8 @@ def _matching_brace(text: str, start: int) -> int | None:
 
 
 def first_json_object(text: str) -> str | None:
-    """The first balanced ``{...}`` of ``text`` that parses as a JSON object; else the first balanced
-    one (the verifier says what is wrong with it); None when no ``{`` closes."""
-    first_balanced = None
+    """The first balanced ``{...}`` of ``text`` that parses as a JSON object; None when none does (a
+    broken one is not taken: noise holds balanced braces too, and is verified as written)."""
     start = text.find("{")
     for _ in range(_MAX_OBJECT_STARTS):
         if start < 0:
@@ -278,9 +277,8 @@ def first_json_object(text: str) -> str | None:
                     return candidate
             except (ValueError, RecursionError):
                 pass
-            first_balanced = first_balanced if first_balanced is not None else candidate
         start = text.find("{", start + 1)
-    return first_balanced
+    return None
 
 
 def _runs_on(before: str, prompt: str) -> bool:

@@ -116,7 +116,8 @@ class TestJson:
         ("Here is the JSON:\n" + OBJ + "\nI read the total from line 3.", OBJ, JSON_OBJECT),  # prose around
         ("The fields are: " + OBJ + ".", OBJ, JSON_OBJECT),  # inline
         ('Fields like {name} are filled: {"a": "}"}', '{"a": "}"}', JSON_OBJECT),  # a brace in a string; {name} is not JSON
-        ('Here it is: {"a": 1,}', '{"a": 1,}', JSON_OBJECT),  # broken: the verifier reports the object's error
+        ('Here it is: {"a": 1,}', 'Here it is: {"a": 1,}', AS_IS),  # broken: not taken, verified as written
+        ("ÜjjÇ (Ł£v qiWrTa {s雷W}üd", "ÜjjÇ (Ł£v qiWrTa {s雷W}üd", AS_IS),  # noise with balanced braces: as written
         ("Here it is: {unclosed", "Here it is: {unclosed", AS_IS),  # no balanced object
         ("total (number)\nJSON:\n" + OBJ, "total (number)\nJSON:\n" + OBJ, AS_IS),  # the prompt's own text run on: not prose
         ("Other fields here\nJSON:\n" + OBJ, "Other fields here\nJSON:\n" + OBJ, AS_IS),  # ending with the prompt's last line: another prompt's
@@ -135,7 +136,8 @@ class TestJson:
 
     def test_the_scan_is_bounded(self):
         assert first_json_object("{" * 5000) is None
-        assert first_json_object("{x} " * 50 + OBJ) == "{x}"  # past the starts tried: the first balanced one
+        assert first_json_object("{x} " * 50 + OBJ) is None  # past the starts tried
+        assert first_json_object("{x} " * 5 + OBJ) == OBJ
 
 
 IDS = ["R1", "R2"]
