@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from closedloop.models.prompts import resolve_stop  # noqa: E402  (pure: no heavy imports)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,8 +43,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(args.model) if args.model else random_builtin(params, Path(tmp) / "model")
         s = params.sample
+        stop = list(resolve_stop(s.stop, "raw"))
         print(f"{len(prompts)} prompts x k={s.k}, temperature {s.temperature}, max_new_tokens {s.max_new_tokens}, "
-              f"stop {s.stop!r}; model {model_dir if args.model else 'random built-in'}\n")
+              f"stop {stop!r}; model {model_dir if args.model else 'random built-in'}\n")
         figures = {"generate": raw_generate(params, model_dir, prompts), "hf": backend(params, model_dir, prompts)}
         if not args.skip_openai:
             served = parse_params({**params.model_dump(mode="json"), "sample": {
@@ -90,6 +93,7 @@ def raw_generate(params, model_dir: Path, prompts: list[str]) -> dict:
 
     model, tokenizer = load_policy(model_dir, device=params.model.device, dtype=params.model.dtype)
     s = params.sample
+    stop = list(resolve_stop(s.stop, "raw"))
     per_batch = max(1, s.batch_size // s.k)
     tokens = 0
     started = time.perf_counter()
@@ -99,7 +103,7 @@ def raw_generate(params, model_dir: Path, prompts: list[str]) -> dict:
             batch = tokenizer(prompts[first : first + per_batch], return_tensors="pt", padding=True).to(model.device)
             out = model.generate(**batch, do_sample=s.temperature > 0, temperature=s.temperature or None,
                                  top_p=s.top_p, top_k=0, max_new_tokens=s.max_new_tokens,
-                                 num_return_sequences=s.k, stop_strings=list(s.stop), tokenizer=tokenizer,
+                                 num_return_sequences=s.k, stop_strings=stop, tokenizer=tokenizer,
                                  pad_token_id=tokenizer.pad_token_id)
             new = out[:, batch["input_ids"].shape[1]:]
             tokens += int((new != tokenizer.pad_token_id).sum())

@@ -191,7 +191,10 @@ class SamplingSettings(_Section):
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(96, gt=0)
-    stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\nclass ", "\nif __name__", "\nprint("])
+    stop: Optional[list[str]] = Field(
+        None, description="Stop strings; empty: by prompt format (raw: the ends of one function or script, "
+                          "\\ndef \\nclass \\nif __name__ \\nprint(; chat: none, the end-of-turn token ends a reply).",
+    )
 
 
 class HfBackendParams(_Section):

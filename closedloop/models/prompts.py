@@ -13,12 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 BUILTIN_PREFIX = "builtin:"
+# A raw continuation runs on past its answer into the next function or script; these end it. A chat
+# reply ends with the template's end-of-turn token, and these would cut a fenced ```python block
+# right after its first line.
+RAW_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(")
 
 
 @dataclass(frozen=True)
 class PromptFormat:
     kind: str  # "raw" | "chat"
     system_prompt: str | None = None
+    stop: tuple[str, ...] = RAW_STOPS  # sample.stop, or the format's default when that is empty
 
     def render(self, tokenizer: Any, prompt: str) -> str:
         """The text the model reads before its completion."""
@@ -41,7 +46,8 @@ class PromptFormat:
         """What the saved sampling settings hold about the prompt (see models/settings.py)."""
         return {"prompt_format": self.kind,
                 "chat_template": template_hash(tokenizer) if self.kind == "chat" else None,
-                "system_prompt": self.system_prompt if self.kind == "chat" else None}
+                "system_prompt": self.system_prompt if self.kind == "chat" else None,
+                "stop": list(self.stop)}
 
 
 def template_hash(tokenizer: Any) -> str | None:
@@ -71,4 +77,11 @@ def prompt_format(sample: Any, model: Any, tokenizer: Any) -> PromptFormat:
         raise PromptFormatError(
             f"sample.prompt_format is chat but the tokenizer of model {model.name_or_path!r} has no chat "
             "template; use prompt_format: raw, or a model whose tokenizer_config.json has a chat_template")
-    return PromptFormat(kind, sample.system_prompt)
+    return PromptFormat(kind, sample.system_prompt, resolve_stop(sample.stop, kind))
+
+
+def resolve_stop(stop: list[str] | None, kind: str) -> tuple[str, ...]:
+    """``sample.stop`` as given, or (when empty) the stop strings of the prompt format."""
+    if stop is not None:
+        return tuple(stop)
+    return RAW_STOPS if kind == "raw" else ()

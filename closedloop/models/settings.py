@@ -24,12 +24,15 @@ class SettingsMismatch(ValueError):
 
 def settings_record(settings: Any, prompt: dict[str, Any] | None = None) -> dict[str, Any]:
     """The recorded fields of a SamplingSettings and of the prompt format (a PromptFormat.record():
-    the format, the chat template's hash, the system prompt; raw prompts when None)."""
+    the format, the chat template's hash, the system prompt, the stop strings in force; raw prompts
+    when None)."""
+    from closedloop.models.prompts import resolve_stop
+
     return {
         "temperature": settings.temperature,
         "top_p": settings.top_p,
         "max_new_tokens": settings.max_new_tokens,
-        "stop": list(settings.stop),
+        "stop": list(resolve_stop(settings.stop, "raw")),
         **(prompt or RAW_PROMPT),
     }
 

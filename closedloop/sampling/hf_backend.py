@@ -28,7 +28,7 @@ class HfSampler(SamplerBase):
         s = self.settings
         generations, stats = generate(
             self.model, self.tokenizer, self.render(prompts), k=k, temperature=s.temperature, top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens, stop=list(s.stop), seed=seed, batch_size=batch_size, progress=progress,
+            max_new_tokens=s.max_new_tokens, stop=list(self.prompt_format.stop), seed=seed, batch_size=batch_size, progress=progress,
             add_special_tokens=self.prompt_format.add_special_tokens, context_length=self.context_length,
         )
         results = [[Completion(text=g.text, token_ids=g.token_ids, finish_reason=g.finish_reason,

@@ -125,8 +125,8 @@ class OpenAISampler(SamplerBase):
         body: dict[str, Any] = {"model": self.served_model, "max_tokens": max_tokens, "temperature": s.temperature,
                                 "top_p": s.top_p, "seed": seed, "n": 1,
                                 "generation_config": json.dumps(generation)}
-        if s.stop:
-            body["stop"] = list(s.stop)
+        if self.prompt_format.stop:
+            body["stop"] = list(self.prompt_format.stop)
         if self.capabilities.logprobs:
             body["logprobs"] = 1
         if self.options.api == "chat":
@@ -144,7 +144,7 @@ class OpenAISampler(SamplerBase):
             raw = choice["message"]["content"] if self.options.api == "chat" else choice["text"]
         except (KeyError, IndexError, TypeError):
             raise SamplingError(f"{self.url}{path}: an answer without choices[0] text: {str(answer)[:300]}") from None
-        text, stopped = cut_at_stop(raw or "", list(s.stop))
+        text, stopped = cut_at_stop(raw or "", list(self.prompt_format.stop))
         token_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         reported = (answer.get("usage") or {}).get("completion_tokens")
         hit_length = choice.get("finish_reason") == "length" or (reported is not None and reported >= max_tokens)

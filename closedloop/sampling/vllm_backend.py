@@ -53,7 +53,7 @@ class VllmSampler(SamplerBase):
         # schedules the batch.
         sampling = [self._vllm.SamplingParams(
             n=per_prompt, temperature=s.temperature, top_p=s.top_p, seed=seed + i,
-            max_tokens=max(1, min(s.max_new_tokens, self.context_length - len(ids))), stop=list(s.stop) or None,
+            max_tokens=max(1, min(s.max_new_tokens, self.context_length - len(ids))), stop=list(self.prompt_format.stop) or None,
             logprobs=0, include_stop_str_in_output=False) for i, ids in enumerate(prompt_ids)]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], sampling, use_tqdm=progress)
         latency = time.perf_counter() - started

@@ -49,8 +49,9 @@ def test_a_whole_iteration_runs_on_chat_formatted_prompts(chat):
     from closedloop.models.prompts import template_hash
 
     tokenizer = AutoTokenizer.from_pretrained(str(chat.champion))
+    # No stop strings: the reply ends with <|im_end|>, and "\ndef " would cut a fenced block short.
     expected = {"prompt_format": "chat", "chat_template": template_hash(tokenizer),
-                "system_prompt": "Answer with code only."}
+                "system_prompt": "Answer with code only.", "stop": []}
     for model in (chat.warmstart_model, chat.candidate):
         saved = read_json(model / "closedloop_sampling.json")
         assert {key: saved[key] for key in expected} == expected

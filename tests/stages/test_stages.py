@@ -212,12 +212,15 @@ def _with_params(done, tmp_path, name, **sample):
 
 
 def test_models_carry_the_sampling_settings_of_their_rollouts(done):
+    from closedloop.models.prompts import RAW_STOPS
     from closedloop.models.settings import read_settings
 
     params = load_params(done.root)
     for model_dir in (done.warmstart_model, done.candidate, done.next_champion):
         saved = read_settings(model_dir)
-        assert saved["temperature"] == params.sample.temperature and saved["stop"] == params.sample.stop
+        assert saved["temperature"] == params.sample.temperature
+        # sample.stop is empty: raw prompts stop where one function or script ends
+        assert params.sample.stop is None and saved["stop"] == list(RAW_STOPS) and saved["prompt_format"] == "raw"
 
 
 def test_sampling_with_mismatched_settings_fails_naming_the_setting(done, tmp_path):
