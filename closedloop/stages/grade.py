@@ -54,7 +54,9 @@ def check_counts(reward: dict) -> tuple[int, int]:
 def graded_row(sample: dict, reward: dict) -> dict:
     steps = reward["steps"]
     passed, total = check_counts(reward)
-    chain = list(steps.values())  # form first (parses, valid JSON, format), then execution
+    # form first (parses, valid JSON, format), then execution; "extract" (how a chat reply's answer
+    # was read) is not a judgement of the answer itself
+    chain = [value for name, value in steps.items() if name != "extract"]
     return {
         "sample_id": sample["sample_id"], "task_id": sample["task_id"], "env": sample["env"],
         "slice": sample["slice"], "kind": sample["kind"], "sample_index": sample["sample_index"],
