@@ -205,8 +205,13 @@ def load_program(request, emit):
     return function, None
 
 
-def run_program(request, emit, workdir="."):
-    """Batch jobs: load, make every call, return the final result line (bytes)."""
+def run_program(request, emit, workdir=".", home_fd=None):
+    """Batch jobs: load, make every call, return the final result line (bytes).
+
+    The tree is collected from the job directory, reached through ``home_fd`` (opened before the
+    program ran) where one is given: a program may chdir away, and the job's uid may not traverse the
+    directories above its own (no bubblewrap: the pool's scratch directory is the worker's, mode 0700).
+    """
     function, failure = load_program(request, emit)
     if failure is not None:
         return failure
@@ -219,8 +224,15 @@ def run_program(request, emit, workdir="."):
     if len(line) > cap:
         return _status_line("output_limit", f"returned values exceed {cap} bytes of JSON")
     if request.get("collect_files"):
+        root = workdir
+        if home_fd is not None:
+            try:
+                os.fchdir(home_fd)
+                root = "."
+            except OSError:  # the program closed it: fall back to the path
+                pass
         try:
-            files = collect_files(workdir, cap - len(line))
+            files = collect_files(root, cap - len(line))
         except MemoryError:
             return _MEMORY_LINE
         if files is None:
@@ -368,6 +380,7 @@ def run_child(request, fds, workdir, jail, measures):
         for target, source in sorted(fds.items()):
             os.dup2(source, target)
         os.closerange(max(fds) + 1, 1 << 16)  # the worker's protocol pipes above all
+        home_fd = os.open(".", os.O_RDONLY)  # the job directory, to collect its files from (run_program)
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it; we want the kill
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the worker ignores it
         # `random` is imported by the worker already; a fixed seed keeps programs that use it
@@ -383,7 +396,7 @@ def run_child(request, fds, workdir, jail, measures):
         if request.get("interactive"):
             line = run_interactive(request, emit)
         else:
-            line = run_program(request, emit, os.path.abspath(workdir))
+            line = run_program(request, emit, os.path.abspath(workdir), home_fd)
         # Flush before reporting: output over the cap raises SIGXFSZ here, and the worker maps
         # that signal to output_limit instead of trusting a result written before it.
         out.flush()

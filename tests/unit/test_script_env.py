@@ -139,6 +139,14 @@ class TestReferences:
             assert list(v.steps) == ["parses", "exits_cleanly", "files_match"] + [f"file:{p}" for p in paths]
             assert v.steps["files_match"] == 1.0 and v.feedback == f"all {len(paths)} files match"
 
+    def test_references_pass_without_bubblewrap_too(self, env, tasks):
+        # isolation fork: the job's uid cannot traverse the pool's 0700 scratch directory, so the tree
+        # must be read through the job directory itself ("unexpected file ." before).
+        with SandboxPool(workers=1, limits=PARAMS.sandbox.limits(), isolation="fork",
+                         preload=DEFAULT_PRELOAD + ScriptEnv.sandbox_preload) as forked:
+            verdicts = env.verify_batch(tasks[:6], [t.reference for t in tasks[:6]], forked)
+        assert [(v.passed, v.feedback) for v in verdicts] == [(True, v.feedback) for v in verdicts]
+
     def test_the_same_completion_gets_the_same_verdict(self, env, tasks, pool, reference_verdicts):
         again = env.verify_batch(tasks[:40], [t.reference for t in tasks[:40]], pool)
         assert [plain(v) for v in again] == [plain(v) for v in reference_verdicts[:40]]
