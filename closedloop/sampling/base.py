@@ -152,6 +152,18 @@ class SamplerBase:
         self.close()
 
 
+def eos_token_ids(*values: Any) -> set[int]:
+    """Every EOS id named by ``values`` (a generation config's eos_token_id, the tokenizer's: an int, a
+    list of ints or None); empty when none is."""
+    ids: set[int] = set()
+    for value in values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return ids
+
+
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     """``text`` cut before its earliest stop string, and whether one was found."""
     cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]

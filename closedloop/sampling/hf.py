@@ -121,13 +121,10 @@ def generate(
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
+    from closedloop.sampling.base import eos_token_ids
+
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (configured, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
+    ids = eos_token_ids(configured, tokenizer.eos_token_id)
     if not ids:
         raise ValueError("the tokenizer and the model's generation_config define no EOS token")
     return ids

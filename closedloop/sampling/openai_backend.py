@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from closedloop.sampling.base import Capabilities, Completion, SamplerBase, SamplingError, SamplingStats, cut_at_stop
+from closedloop.sampling.base import (Capabilities, Completion, SamplerBase, SamplingError, SamplingStats, cut_at_stop,
+                                      eos_token_ids)
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -204,14 +205,9 @@ class OpenAISampler(SamplerBase):
 
 
 def _eos_ids(model_dir: Path, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
     path = Path(model_dir) / "generation_config.json"
     configured = json.loads(path.read_text()).get("eos_token_id") if path.exists() else None
-    for value in (configured, tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value is not None:
-            ids.update(int(v) for v in value)
+    ids = eos_token_ids(configured, tokenizer.eos_token_id)
     if not ids:
         raise SamplingError(f"{model_dir}: the tokenizer and generation_config.json define no EOS token")
     return ids
