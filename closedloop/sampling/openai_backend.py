@@ -43,6 +43,7 @@ class OpenAISampler(SamplerBase):
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         self.context_length = getattr(config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(model_dir, tokenizer)
+        self.bos_prefix = _duplicate_bos(tokenizer) if self.prompt_format.kind == "chat" else ""
         self.process = None
         if server.managed:
             from closedloop.sampling.server import start_server
@@ -135,7 +136,7 @@ class OpenAISampler(SamplerBase):
             body["messages"] = messages + [{"role": "user", "content": prompt}]
             path = "/chat/completions"
         else:
-            body["prompt"] = self._strip_duplicate_bos(rendered)
+            body["prompt"] = rendered[len(self.bos_prefix):] if rendered.startswith(self.bos_prefix) else rendered
             path = "/completions"
         started = time.perf_counter()
         answer = self._request("POST", path, body)
@@ -158,15 +159,6 @@ class OpenAISampler(SamplerBase):
         return Completion(text=text, token_ids=tuple(token_ids), finish_reason=reason, prompt_tokens=prompt_tokens,
                           completion_tokens=int(reported) if reported is not None else len(token_ids),
                           logprobs=logprobs, latency_s=latency)
-
-    def _strip_duplicate_bos(self, rendered: str) -> str:
-        """A chat template that writes BOS as text, sent to a server that adds BOS itself, would give two."""
-        bos = self.tokenizer.bos_token
-        if self.prompt_format.kind != "chat" or not bos or not rendered.startswith(bos):
-            return rendered
-        probe = self.tokenizer("x", add_special_tokens=True)["input_ids"]
-        adds_bos = bool(probe) and probe[0] == self.tokenizer.bos_token_id
-        return rendered[len(bos):] if adds_bos else rendered
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -211,6 +203,14 @@ def _eos_ids(model_dir: Path, tokenizer: Any) -> set[int]:
     if not ids:
         raise SamplingError(f"{model_dir}: the tokenizer and generation_config.json define no EOS token")
     return ids
+
+
+def _duplicate_bos(tokenizer: Any) -> str:
+    """The BOS text a chat prompt must not start with: a template that writes BOS as text, sent to a
+    server whose tokenizer adds BOS itself, would give two. "" when the tokenizer adds none."""
+    bos = tokenizer.bos_token
+    probe = tokenizer("x", add_special_tokens=True)["input_ids"] if bos else []
+    return bos if probe and probe[0] == tokenizer.bos_token_id else ""
 
 
 def _token_logprobs(choice: dict) -> tuple[float, ...] | None:

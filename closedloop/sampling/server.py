@@ -90,7 +90,6 @@ def _executable(name: str) -> str:
 def server_command(kind: str, model_dir: Path, port: int, params: Any) -> list[str]:
     model = params.model
     if kind == "vllm":
-        backend = params.sample.backend
         command = [_executable("vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                    "--served-model-name", str(model_dir), "--seed", str(params.project.seed),
                    # Log-probabilities after temperature, as GRPO's policy ratio needs (vLLM's default
@@ -98,9 +97,6 @@ def server_command(kind: str, model_dir: Path, port: int, params: Any) -> list[s
                    "--logprobs-mode", "processed_logprobs"]
         if model.dtype != "auto":
             command += ["--dtype", model.dtype]
-        for flag, value in (("--gpu-memory-utilization", getattr(backend, "gpu_memory_utilization", None)),):
-            if value is not None:
-                command += [flag, str(value)]
         return command
     device = model.device if model.device != "auto" else ("cuda" if _cuda_available() else "cpu")
     return [_executable("transformers"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),

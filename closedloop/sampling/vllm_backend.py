@@ -63,8 +63,11 @@ class VllmSampler(SamplerBase):
             for choice in output.outputs:
                 token_ids = tuple(choice.token_ids)
                 logprobs = tuple(float(step[token].logprob) for step, token in zip(choice.logprobs or [], token_ids))
-                reason = {"stop": "eos" if choice.stop_reason is None else "stop", "length": "length"}.get(
-                    choice.finish_reason, choice.finish_reason or "length")
+                # vLLM says "stop" for EOS and for a stop string alike; stop_reason names the string.
+                if choice.finish_reason == "stop":
+                    reason = "eos" if choice.stop_reason is None else "stop"
+                else:
+                    reason = "length"
                 row.append(Completion(text=choice.text, token_ids=token_ids, finish_reason=reason,
                                       prompt_tokens=len(ids), completion_tokens=len(token_ids),
                                       logprobs=logprobs if len(logprobs) == len(token_ids) else None,

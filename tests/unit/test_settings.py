@@ -3,7 +3,8 @@
 import pytest
 
 from closedloop.config import SampleParams
-from closedloop.models.settings import SettingsMismatch, check_settings, differences, read_settings, save_settings
+from closedloop.models.settings import (RAW_PROMPT, SettingsMismatch, check_settings, differences, read_settings,
+                                        save_settings)
 
 
 class TestDifferences:
@@ -55,4 +56,4 @@ class TestDifferences:
 
     def test_a_model_saved_before_prompt_formats_counts_as_raw(self, tmp_path):
         # closedloop_sampling.json of earlier versions had no prompt_format / system_prompt keys
-        assert differences({"chat_template": None}, {**differences.__globals__["RAW_PROMPT"]}) == []
+        assert differences({"chat_template": None}, dict(RAW_PROMPT)) == []
