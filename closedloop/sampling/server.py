@@ -114,7 +114,7 @@ def start_server(model_dir: Path, params: Any) -> ServerProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
+                                   env=env, start_new_session=True, preexec_fn=_die_with_parent)
     server = ServerProcess(url=f"http://127.0.0.1:{port}/v1", model=str(model_dir), kind=kind, process=process,
                            log_path=log_path)
     try:
@@ -123,6 +123,18 @@ def start_server(model_dir: Path, params: Any) -> ServerProcess:
         server.stop()
         raise
     return server
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: the kernel sends it SIGTERM when the stage that started
+    it dies, even by SIGKILL, so a killed run leaves no server holding its port and memory (Linux)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the stage's own cleanup still stops it
+        pass
 
 
 def _wait_ready(server: ServerProcess, timeout_s: float) -> None:

@@ -112,3 +112,34 @@ def test_a_managed_server_is_stopped_when_the_sampler_closes(model_dir):
         process = sampler.process.process
         assert sampler.sample(PROMPTS[:1], k=1, seed=0, batch_size=1)[0][0][0].finish_reason in ("eos", "stop", "length")
     assert process.poll() is not None  # no server left behind
+
+
+def test_a_managed_server_dies_with_a_killed_stage(model_dir, tmp_path):
+    """SIGKILL leaves no cleanup to run: the kernel must end the server (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "stage.py"
+    script.write_text(
+        "import sys, time\n"
+        "from closedloop.config import parse_params\n"
+        "from closedloop.sampling.server import start_server\n"
+        f"server = start_server({str(model_dir)!r}, parse_params({{'sample': {{'backend': 'openai', "
+        "'server': {'managed': True}}}))\n"
+        "print(server.process.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    stage = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    server_pid = int(stage.stdout.readline())
+    os.kill(stage.pid, signal.SIGKILL)
+    stage.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the managed server outlived the killed stage")
