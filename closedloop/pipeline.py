@@ -1,29 +1,40 @@
-"""The DVC pipeline, defined once: dvc.yaml is rendered from this table.
+"""The DVC pipeline, defined once: dvc.yaml, the Prefect tasks and the iteration flow are built from this table.
 
-Each stage lists exactly what it reads: its data inputs, its own code, and the dotted params keys.
-Rendering from one table keeps dvc.yaml, the Prefect flow and the stage functions in agreement; a
-test checks the committed dvc.yaml is this rendering.
+Each stage lists exactly what it reads: its data inputs, its code, and the dotted params keys. A stage's
+code is derived, not written: the closedloop modules its stage module imports, transitively (see
+``stage_code``). A test checks the committed dvc.yaml is this rendering.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from closedloop import workspace as ws
 
-# Code every stage runs through: the config schema, the stage runner and the batch-file helpers.
-COMMON_CODE = ("config.py", "io.py", "workspace.py", "stages/common.py")
+PACKAGE = "closedloop"
 
 
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    code: tuple[str, ...]  # paths relative to the closedloop package
     deps: tuple[str, ...]  # data inputs, relative to the workspace
     params: tuple[str, ...]
     outs: tuple[str, ...]
+    module: str = ""  # the stage module whose run() is the stage; closedloop.stages.<name> unless given
     metrics: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.module:
+            object.__setattr__(self, "module", f"{PACKAGE}.stages.{self.name}")
+
+    @property
+    def code(self) -> tuple[str, ...]:
+        """The .py files the stage runs, relative to the package: derived from its imports."""
+        return stage_code(self.module)
 
 
 SAMPLING_KEYS = ("sample.temperature", "sample.top_p", "sample.max_new_tokens", "sample.stop",
@@ -36,59 +47,56 @@ SANDBOX_KEYS = ("reward.workers",)  # the limits and isolation are under envs.<n
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec(
-        "benchmark", ("stages/benchmark.py", "envs", "rewards/validators.py"), (),
+        "benchmark", (),
         ("project.seed", "envs"), (ws.BENCHMARK_TASKS,),
     ),
     StageSpec(
-        "warmstart",
-        ("stages/warmstart.py", "envs", "rewards/validators.py", "models", "training", "sampling", "evaluation",
-         "sandbox"),
-        (ws.BENCHMARK_TASKS,),
+        "warmstart", (ws.BENCHMARK_TASKS,),
         ("project.seed", "model", "warmstart", "envs", "evaluate", "train.lora", *SAMPLING_KEYS,
          "sample.backend", "sample.server", *SANDBOX_KEYS),
         (ws.REFERENCES, ws.WARMSTART_MODEL, ws.WARMSTART_EVAL),
     ),
     StageSpec(
-        "generate", ("stages/generate.py", "envs", "rewards/validators.py"), (),
+        "generate", (),
         ("project.seed", "loop.iteration", "generate", "envs"), (ws.TASKS,),
     ),
     StageSpec(
-        "sample", ("stages/sample.py", "sampling", "models"), (ws.TASKS, ws.CHAMPION),
+        "sample", (ws.TASKS, ws.CHAMPION),
         ("project.seed", "loop.iteration", "sample", *MODEL_KEYS), (ws.SAMPLES, ws.SAMPLE_TIMINGS, ws.ROLLOUTS),
     ),
     StageSpec(
-        "reward", ("stages/reward.py", "envs", "sandbox", "rewards"), (ws.TASKS, ws.SAMPLES),
+        "reward", (ws.TASKS, ws.SAMPLES),
         ("reward", "envs"), (ws.REWARDS,),
     ),
     StageSpec(
-        "grade", ("stages/grade.py", "grading.py"), (ws.TASKS, ws.SAMPLES, ws.REWARDS),
+        "grade", (ws.TASKS, ws.SAMPLES, ws.REWARDS),
         ("grade", "train.include_fix_pairs", "train.max_fix_fraction"),
         (ws.GRADED, ws.FIXES, ws.TRAIN_SET),
     ),
     StageSpec(
-        "validate", ("stages/validate.py", "lineage/validation.py"), (ws.TASKS, ws.GRADED, ws.FIXES),
+        "validate", (ws.TASKS, ws.GRADED, ws.FIXES),
         ("sample.k",), (ws.VALIDATION_DIR,),
     ),
     StageSpec(
         # The validation report is an input: training never starts on a batch that failed validation.
         # grpo trains on every sample (rewards, tokens, log-probabilities), rft on the train set.
-        "train", ("stages/train.py", "training", "models", "rewards/shaping.py", "lineage/dvc.py"),
+        "train",
         (ws.TRAIN_SET, ws.REFERENCES, ws.CHAMPION, ws.VALIDATION_DIR, ws.TASKS, ws.SAMPLES, ws.REWARDS,
          ws.ROLLOUTS),
         ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS, *MODEL_KEYS), (ws.CANDIDATE,),
     ),
     StageSpec(
-        "evaluate", ("stages/evaluate.py", "evaluation", "sampling", "models", "envs", "rewards/validators.py", "sandbox"),
+        "evaluate",
         (ws.BENCHMARK_TASKS, ws.CHAMPION, ws.CANDIDATE),
         ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *INFERENCE_KEYS, *SANDBOX_KEYS),
         (ws.EVALUATION,),
     ),
     StageSpec(
         # The candidate: its closedloop_training.json says whether it trained at all.
-        "gate", ("stages/gate.py", "evaluation/gate.py"), (ws.EVALUATION, ws.CANDIDATE), ("gate",), (ws.GATE,),
+        "gate", (ws.EVALUATION, ws.CANDIDATE), ("gate",), (ws.GATE,),
     ),
     StageSpec(
-        "promote", ("stages/promote.py",), (ws.GATE, ws.CHAMPION, ws.CANDIDATE), (), (ws.NEXT_CHAMPION,),
+        "promote", (ws.GATE, ws.CHAMPION, ws.CANDIDATE), (), (ws.NEXT_CHAMPION,),
     ),
 )
 
@@ -118,25 +126,93 @@ def code_prefix(workspace: Path) -> str:
         return str(package)
 
 
-def code_files(paths: tuple[str, ...]) -> list[str]:
-    """Package paths expanded to their .py files: a directory dep would also hash __pycache__."""
+# Edges the import walk cannot see: the sandbox worker is started as a script by path, and it loads
+# child.py and jail.py by path (it never imports closedloop), yet they decide every sandboxed verdict.
+RUN_BY_PATH: dict[str, tuple[str, ...]] = {
+    "closedloop.sandbox.isolation": ("closedloop.sandbox.worker",),
+    "closedloop.sandbox.worker": ("closedloop.sandbox.child", "closedloop.sandbox.jail"),
+}
+# Imported by every stage (stage_function looks the module up here) but not code a stage's outputs
+# depend on: DVC already sees every change to the table that matters through dvc.yaml, its rendering.
+# As a code dep it would make any edit to this file rerun every stage, warm start included.
+NOT_STAGE_CODE = frozenset({"closedloop.pipeline"})
+# A registry entry ("closedloop.envs.code:CodeEnv"): a module imported by name when it is looked up.
+_ENTRY = re.compile(rf"{PACKAGE}(?:\.\w+)+:\w+")
+
+
+def module_file(module: str) -> Path | None:
+    """The file of a closedloop module or package, None for anything else (a name, another package)."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE or not all(part.isidentifier() for part in parts):
+        return None
+    base = package_dir().joinpath(*parts[1:])
+    for path in (base / "__init__.py", base.with_suffix(".py")):
+        if path.is_file():
+            return path
+    return None
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node, anywhere (imports inside functions are the lazily loaded code the stage runs), except
+    the bodies of ``if TYPE_CHECKING:``, which never run."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+@lru_cache(maxsize=None)
+def imported_modules(module: str) -> frozenset[str]:
+    """The closedloop modules ``module``'s source imports, read with ast (nothing is imported):
+    ``import a.b``, ``from a import b`` (b a submodule or a name), relative imports, registry entries."""
+    path = module_file(module)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set(RUN_BY_PATH.get(module, ()))
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ENTRY.fullmatch(node.value):
+            found.add(node.value.partition(":")[0])
+    return frozenset(name for name in found if module_file(name) is not None)
+
+
+@lru_cache(maxsize=None)
+def stage_code(module: str) -> tuple[str, ...]:
+    """The .py files (relative to the package, sorted) that importing ``module`` runs: its imports,
+    transitively, and the package __init__ files Python runs on the way."""
+    if module_file(module) is None:
+        raise ValueError(f"stage module {module!r} is not a module of the {PACKAGE} package")
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in NOT_STAGE_CODE:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # the packages above it
+        todo.extend(imported_modules(name))
     root = package_dir()
-    files: list[str] = []
-    for path in paths:
-        target = root / path
-        found = sorted(target.rglob("*.py")) if target.is_dir() else [target]
-        for file in found:
-            relative = file.relative_to(root).as_posix()
-            if relative not in files:
-                files.append(relative)
-    return files
+    return tuple(sorted(module_file(name).relative_to(root).as_posix() for name in seen))
 
 
 def render(prefix: str) -> dict:
     stages = {}
     for stage in STAGES:
         entry: dict = {"cmd": f"closedloop stage {stage.name}"}
-        entry["deps"] = [f"{prefix}/{path}" for path in code_files((*COMMON_CODE, *stage.code))] + list(stage.deps)
+        entry["deps"] = [f"{prefix}/{path}" for path in stage.code] + list(stage.deps)
         if stage.params:
             entry["params"] = list(stage.params)
         entry["outs"] = list(stage.outs)

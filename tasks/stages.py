@@ -1,15 +1,17 @@
-"""One Prefect task per DVC stage. Each calls the same stage function as `closedloop stage NAME`."""
+"""One Prefect task per DVC stage, built from the stage table. Each calls the same stage function as
+`closedloop stage NAME`."""
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
 from closedloop.config import Params
+from closedloop.pipeline import STAGES
 from closedloop.stages.common import run_recorded
 
 
-def _stage_task(name: str, retries: int = 0):
+def _stage_task(name: str, retries: int = 0) -> Task:
     def run(workspace: str, params: Params, progress: bool = False) -> dict:
         return run_recorded(name, workspace, params, progress)
 
@@ -17,14 +19,11 @@ def _stage_task(name: str, retries: int = 0):
     return task(name=name, retries=retries, persist_result=False, cache_policy=NO_CACHE)(run)
 
 
-benchmark = _stage_task("benchmark")
-warmstart = _stage_task("warmstart")
-generate = _stage_task("generate")
-sample = _stage_task("sample")
-reward = _stage_task("reward")
-grade = _stage_task("grade")
-validate = _stage_task("validate")
-train = _stage_task("train")
-evaluate = _stage_task("evaluate")
-gate = _stage_task("gate")
-promote = _stage_task("promote")
+STAGE_TASKS: dict[str, Task] = {spec.name: _stage_task(spec.name) for spec in STAGES}
+
+# Callers also reach a task as an attribute (`stages.sample`); a stage named like one of this module's
+# own names would shadow it, so refuse that here rather than break the import somewhere else.
+_taken = sorted(set(STAGE_TASKS) & set(globals()))
+if _taken:
+    raise RuntimeError(f"stage names {_taken} clash with names in tasks.stages; rename the stages")
+globals().update(STAGE_TASKS)

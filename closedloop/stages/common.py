@@ -31,8 +31,7 @@ class StageError(RuntimeError):
 def stage_function(name: str) -> Callable[[StageContext], dict[str, Any]]:
     from closedloop.pipeline import stage_spec
 
-    stage_spec(name)  # a clear error for an unknown name
-    module = importlib.import_module(f"closedloop.stages.{name}")
+    module = importlib.import_module(stage_spec(name).module)  # stage_spec: a clear error for an unknown name
     return module.run
 
 

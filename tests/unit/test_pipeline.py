@@ -1,29 +1,132 @@
-"""dvc.yaml is rendered from the one stage table, and that table is consistent with the flow."""
+"""The one stage table: dvc.yaml is its rendering, the Prefect tasks and the stage modules agree with it,
+and each stage's code deps are derived from what its module imports."""
 
+import ast
+import importlib
+from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 from closedloop.config import Params
-from closedloop.pipeline import ITERATION_STAGES, STAGES, render, render_yaml
+from closedloop.pipeline import (
+    ITERATION_STAGES,
+    STAGE_NAMES,
+    STAGES,
+    WARM_START_STAGES,
+    imported_modules,
+    module_file,
+    render,
+    render_yaml,
+    stage_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "closedloop"
 
 
 def test_committed_dvc_yaml_is_the_rendering():
-    assert (ROOT / "dvc.yaml").read_text() == render_yaml("closedloop")
+    assert (ROOT / "dvc.yaml").read_text() == render_yaml("closedloop"), (
+        "dvc.yaml is stale (the table or a stage's imports changed): write render_yaml('closedloop') to it, "
+        "as `closedloop init` does"
+    )
 
 
-def test_every_stage_runs_its_own_command_and_depends_on_its_code():
+def test_every_stage_module_has_exactly_one_stage():
+    modules = Counter(spec.module for spec in STAGES)
+    files = sorted(path.stem for path in (PACKAGE / "stages").glob("*.py")
+                   if path.name not in ("__init__.py", "common.py"))
+    assert {module: count for module, count in modules.items() if count != 1} == {}
+    assert sorted(modules) == [f"closedloop.stages.{stem}" for stem in files]
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda spec: spec.name)
+def test_every_stage_module_has_a_run_function_and_the_runner_finds_it(spec):
+    from closedloop.stages.common import stage_function
+
+    module = importlib.import_module(spec.module)
+    assert callable(getattr(module, "run", None)), f"{spec.module} has no run()"
+    assert stage_function(spec.name) is module.run
+
+
+def test_prefect_tasks_are_the_table_in_order():
+    import tasks.stages
+
+    assert list(tasks.stages.STAGE_TASKS) == list(STAGE_NAMES)
+    for name, task in tasks.stages.STAGE_TASKS.items():
+        assert task.name == name
+        assert (task.retries, task.persist_result) == (0, False)
+        assert getattr(tasks.stages, name) is task  # existing callers use stages.<name>
+
+
+def test_iteration_is_the_table_after_the_warm_start():
+    assert STAGE_NAMES[:len(WARM_START_STAGES)] == WARM_START_STAGES  # the warm start runs first
+    assert STAGE_NAMES == WARM_START_STAGES + ITERATION_STAGES
+
+
+def test_every_stage_runs_its_own_command_and_its_deps_exist():
     stages = render("closedloop")["stages"]
+    assert list(stages) == list(STAGE_NAMES)
     for spec in STAGES:
         entry = stages[spec.name]
         assert entry["cmd"] == f"closedloop stage {spec.name}"
-        assert f"closedloop/stages/{spec.name}.py" in entry["deps"]
-        assert (ROOT / "closedloop" / "stages" / f"{spec.name}.py").exists()
         for dep in entry["deps"]:
             if dep.startswith("closedloop/"):
-                assert (ROOT / dep).exists(), f"stage {spec.name} depends on missing {dep}"
+                assert (ROOT / dep).is_file(), f"stage {spec.name} depends on missing {dep}"
+
+
+def _direct_imports(module: str) -> set[str]:
+    """The closedloop files a module's source names in an import statement, found independently of the
+    pipeline's walker: `import a.b`, `from a import b` (b a submodule or a name in a)."""
+    names = set()
+    for node in ast.walk(ast.parse(module_file(module).read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    files = set()
+    for name in names:
+        if name.startswith("closedloop."):
+            base = ROOT.joinpath(*name.split("."))
+            files.update(str(path.relative_to(PACKAGE)) for path in (base.with_suffix(".py"), base / "__init__.py")
+                         if path.is_file())
+    return files
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda spec: spec.name)
+def test_code_deps_include_the_stage_module_and_what_it_imports(spec):
+    own = str(module_file(spec.module).relative_to(PACKAGE))
+    assert own in spec.code
+    assert set(_direct_imports(spec.module)) - {"pipeline.py"} <= set(spec.code)
+    # What every stage runs through: the config schema, the stage runner and the batch-file helpers.
+    assert {"config.py", "io.py", "workspace.py", "stages/common.py"} <= set(spec.code)
+    assert list(spec.code) == sorted(set(spec.code))
+
+
+@pytest.mark.parametrize("stage, file, expected", [
+    ("reward", "sandbox/pool.py", True),  # reward runs the sandbox (a lazy import inside a function)
+    ("reward", "sandbox/worker.py", True),  # started by path, not imported
+    ("reward", "sandbox/child.py", True),  # loaded by path by the worker
+    ("reward", "envs/code.py", True),  # a registry entry "closedloop.envs.code:CodeEnv"
+    ("sample", "sampling/vllm_backend.py", True),  # a backend registry entry
+    ("train", "training/grpo.py", True),
+    ("grade", "training/grpo.py", False),  # grading never trains
+    ("gate", "sampling/vllm_backend.py", False),  # the gate reads the evaluation, it never samples
+    ("warmstart", "training/grpo.py", False),  # the warm start fine-tunes with sft only
+    ("sample", "models/builtin.py", False),  # the builtin policy is built by the warm start alone
+    ("promote", "lineage/tracking.py", False),  # MLflow is recorded by the flows, not by the stages
+    ("train", "pipeline.py", False),  # the table reaches DVC through dvc.yaml, not as code
+])
+def test_code_deps_by_example(stage, file, expected):
+    assert (file in stage_spec(stage).code) is expected
+
+
+def test_type_checking_imports_are_not_followed_and_registry_entries_are():
+    found = imported_modules("closedloop.envs")
+    assert "closedloop.config" not in found  # imported under `if TYPE_CHECKING:` only
+    assert {"closedloop.envs.code", "closedloop.envs.rules"} <= found
 
 
 def test_params_keys_exist_in_the_schema():
@@ -42,11 +145,6 @@ def test_every_input_is_produced_earlier_or_is_the_champion():
         for dep in spec.deps:
             assert dep in produced, f"{spec.name} reads {dep} before any stage writes it"
         produced.update(spec.outs)
-
-
-def test_iteration_stages_in_dag_order():
-    assert ITERATION_STAGES == ("generate", "sample", "reward", "grade", "validate", "train", "evaluate",
-                                "gate", "promote")
 
 
 def test_root_params_yaml_is_valid():
