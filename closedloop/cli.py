@@ -208,7 +208,7 @@ def cmd_verify(args) -> int:
     from closedloop.envs.humaneval import TaskFileError
     from closedloop.sandbox import SandboxUnavailable
     from closedloop.stages.common import EnvPools
-    from closedloop.verify import load_samples, load_tasks, print_summary, verify_files
+    from closedloop.verify import infra_failure, load_samples, load_tasks, print_summary, verify_files
 
     try:
         params = _load_params_for(args.params)
@@ -217,7 +217,7 @@ def cmd_verify(args) -> int:
                                                    ("isolation", args.isolation)) if value is not None}
         for _, section in params.envs.sections():
             section.sandbox = section.sandbox.model_copy(update=overrides)
-        tasks = load_tasks(args.tasks)
+        tasks = load_tasks(args.tasks, params)
         load_samples(args.samples, tasks)  # fail on bad input before any worker starts
         with EnvPools(params) as verifiers:
             for env_name in sorted({task.env for task in tasks.values()}):
@@ -227,6 +227,10 @@ def cmd_verify(args) -> int:
         print(f"closedloop verify: {error}", file=sys.stderr)
         return 2
     print_summary(summary, args.out)
+    lost = infra_failure(summary)
+    if lost:  # the results file stands, but a run that scored less than it was given is no success
+        print(f"closedloop verify: {lost}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -73,7 +73,13 @@ class Verdict:
 
 @runtime_checkable
 class Environment(Protocol):
-    """The interface the loop uses. ``__init__`` takes the environment's section of params.yaml."""
+    """The interface the loop uses. ``__init__`` takes the environment's section of params.yaml.
+
+    Optional, for tasks read from a file (envs/taskfile.py checks them at load, so a bad one is
+    refused by line and field, not met by the verifier): ``task_checks``, a TypedDict of the
+    ``checks`` fields the verifier reads, and ``check_task(task) -> list[str]`` (a staticmethod) for
+    what a type cannot say; it runs only on checks that have the declared shapes.
+    """
 
     name: str
     uses_sandbox: bool  # True: verify_batch runs completions in the pool it is given; False: pool is None

@@ -16,12 +16,13 @@ import hashlib
 import json
 import random
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, not_judged
 from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, probe_inputs
 from closedloop.envs import extraction
 from closedloop.envs.extraction import Extraction, extract_program
+from closedloop.envs.taskfile import shape_problems
 from closedloop.sandbox.child import to_plain
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -33,6 +34,19 @@ BENCHMARK_PER_MILLE = 150  # share of all task behaviours reserved for the bench
 ENTRY_POINT = "f"
 _MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say the space is exhausted
 _REPR_CHARS = 120
+
+
+class CallsChecks(TypedDict):
+    """A generated task's checks (what _job reads): the sandbox calls the function, the trusted side compares."""
+
+    calls: list[list[Any]]  # positional arguments, one list per call
+    expected: list[Any]  # the reference's return value per call
+
+
+class HumanEvalChecks(TypedDict):
+    """A HumanEval-format task's checks."""
+
+    test: str  # a program defining check(candidate), run on the trusted side
 
 
 def _hash(data: Any) -> str:
@@ -153,19 +167,24 @@ class CodeEnv(BaseEnvironment):
         return behaviour, task
 
     @staticmethod
-    def check_task(task: Task) -> str | None:
-        """What is wrong with a task from a file, for this environment (None: nothing)."""
-        if not task.entry_point.isidentifier():
-            return f"field 'entry_point' must name the function to call, got {task.entry_point!r}"
-        checks = task.checks
-        if "test" in checks:
-            return None if type(checks["test"]) is str else "field 'checks.test' must be a string (a check(candidate) program)"
-        calls, expected = checks.get("calls"), checks.get("expected")
-        if type(calls) is not list or not calls or not all(type(args) is list for args in calls):
-            return "field 'checks.calls' must be a non-empty list of argument lists (or give checks.test)"
-        if type(expected) is not list or len(expected) != len(calls):
-            return f"field 'checks.expected' must be a list of {len(calls)} values, one per call"
-        return None
+    def check_task(task: Task) -> list[str]:
+        """What is wrong with a task from a file: its entry point, and calls with expected values or a test."""
+        problems = [] if task.entry_point.isidentifier() else [
+            f"field 'entry_point' must name the function to call, got {task.entry_point!r}"]
+        if "test" in task.checks:
+            found = shape_problems(task.checks, HumanEvalChecks, "checks")
+            if not found and "def check(" not in task.checks["test"]:
+                found = ["checks.test must define check(candidate)"]
+            return problems + found
+        found = shape_problems(task.checks, CallsChecks, "checks")
+        found = [p + " (or give 'test', a check(candidate) program)" if p == "checks is missing 'calls'" else p
+                 for p in found]
+        if not found and not task.checks["calls"]:
+            found = ["checks.calls must hold at least one call"]
+        elif not found and len(task.checks["expected"]) != len(task.checks["calls"]):
+            found = [f"checks.expected must hold one value per call ({len(task.checks['calls'])}), "
+                     f"got {len(task.checks['expected'])}"]
+        return problems + found
 
     # -- verification ----------------------------------------------------------------------------
 

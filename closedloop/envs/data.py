@@ -22,12 +22,13 @@ import math
 import random
 from dataclasses import replace
 from difflib import SequenceMatcher
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict, Union
 
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
 from closedloop.envs import extraction
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
 from closedloop.envs.extraction import Extraction, extract_program
+from closedloop.envs.taskfile import file_tree_problems
 from closedloop.sandbox.records import ExecResult, Job
 
 if TYPE_CHECKING:
@@ -97,6 +98,26 @@ def _closedloop_main(*names):
 '''
 DRIVER_ENTRY = "_closedloop_main"
 
+Cell = Union[bool, int, float, str, None]  # None: a missing value (NaN)
+
+
+class Table(TypedDict):
+    """A table as the driver returns it and a task's expected one is stored."""
+
+    columns: list[str]
+    dtypes: list[Literal["bool", "int", "float", "str", "other"]]  # _closedloop_kind's, one per column
+    rows: list[list[Cell]]
+
+
+class DataChecks(TypedDict):
+    """What the verifier reads of a task's checks (the generator's spec rides along, unread)."""
+
+    files: dict[str, str]  # CSV text by file name, placed in the job directory
+    args: list[str]  # the files solve() is called with, in order
+    expected: Table
+    order: Literal["exact", "any"]  # whether row order counts
+    float_tol: float  # relative and absolute tolerance of float cells
+
 
 class DataEnv(BaseEnvironment):
     name = "data"
@@ -105,8 +126,28 @@ class DataEnv(BaseEnvironment):
     components = ("syntax", "runs", "schema", "values")
     default_weights = {"syntax": 0.1, "runs": 0.1, "schema": 0.2, "values": 0.6}
 
+    task_checks = DataChecks
+
     def __init__(self, params: DataEnvParams) -> None:
         self.params = params
+
+    @staticmethod
+    def check_task(task: Task) -> list[str]:
+        """What the declared shapes cannot say: the driver's entry point, and a table that holds together."""
+        checks, table = task.checks, task.checks["expected"]
+        problems = file_tree_problems(checks["files"], "checks.files")
+        if task.entry_point != ENTRY_POINT:
+            problems.append(f"field 'entry_point' must be {ENTRY_POINT!r} (the driver calls it), got {task.entry_point!r}")
+        problems += [f"checks.args[{i}] {name!r} is not one of checks.files" for i, name in enumerate(checks["args"])
+                     if name not in checks["files"]]
+        if not checks["float_tol"] >= 0:  # math.isclose refuses a negative tolerance
+            problems.append(f"checks.float_tol must be >= 0, got {checks['float_tol']}")
+        width = len(table["columns"])
+        if len(table["dtypes"]) != width:
+            problems.append(f"checks.expected.dtypes must hold one dtype per column ({width}), got {len(table['dtypes'])}")
+        problems += [f"checks.expected.rows[{i}] must hold one cell per column ({width}), got {len(row)}"
+                     for i, row in enumerate(table["rows"]) if len(row) != width]
+        return problems
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
 from closedloop.envs import extraction
@@ -71,6 +71,13 @@ def field_line(fields: list[Field]) -> str:
     return "Fields: " + ", ".join(parts)
 
 
+class ExtractChecks(TypedDict):
+    """What the verifier reads of a task's checks."""
+
+    schema: dict[str, Any]  # validators.check_schema's JSON-schema subset
+    truth: dict[str, Any]  # each field's right value (null: the document does not give it)
+
+
 class ExtractEnv(BaseEnvironment):
     name = "extract"
     uses_sandbox = False
@@ -79,8 +86,19 @@ class ExtractEnv(BaseEnvironment):
     # Valid JSON is cheap to learn and says little; getting the values right is the task.
     default_weights = {"format": 0.1, "schema": 0.3, "fields": 0.6}
 
+    task_checks = ExtractChecks
+
     def __init__(self, params: ExtractEnvParams) -> None:
         self.params = params
+
+    @staticmethod
+    def check_task(task: Task) -> list[str]:
+        """A schema check_schema can read, which the truth satisfies (else no answer could earn full reward)."""
+        try:
+            result = check_schema(task.checks["truth"], task.checks["schema"])
+        except Exception as error:  # noqa: BLE001 - the schema is data from a file: whatever it trips on is its fault
+            return [f"checks.schema cannot be used: {type(error).__name__}: {error}"]
+        return [] if result.score == 1.0 else [f"checks.truth does not satisfy checks.schema: {result.message}"]
 
     def component_sources(self) -> dict[str, tuple[Callable, Any]]:
         read = {"extraction": extraction.version()}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypedDict
 
 from closedloop.envs import extraction
 from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
@@ -34,6 +34,21 @@ COMPONENTS = ("format", "steps", "decision")
 RULE_LINE = "{id}: (yes|no)"
 DECISION_LINE = r"decision: (\S+)"
 _MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say a family's space is exhausted
+
+
+# What the verifier reads of a task's checks: the spec rules_tasks describes ("order" and a rule's
+# "missing" are optional; the rule engine's own run checks the conditions).
+Rule = TypedDict("Rule", {"id": str, "if": dict[str, Any], "then": str})
+
+
+class RuleSpec(TypedDict):
+    case: dict[str, Any]
+    rules: list[Rule]
+    default: str
+
+
+class RulesChecks(TypedDict):
+    spec: RuleSpec
 
 
 class Chain(NamedTuple):
@@ -122,6 +137,26 @@ class RulesEnv(BaseEnvironment):
     components = COMPONENTS
     # The decision is what matters; the intermediate conclusions are the process reward that gets it there.
     default_weights = {"format": 0.1, "steps": 0.4, "decision": 0.5}
+    task_checks = RulesChecks
+
+    @staticmethod
+    def check_task(task: Task) -> list[str]:
+        """Rule ids that name one rule each, an order made of them, and a spec the rule engine can evaluate."""
+        spec = task.checks["spec"]
+        ids = [rule["id"] for rule in spec["rules"]]
+        if not ids:
+            return ["checks.spec.rules must hold at least one rule"]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            return [f"checks.spec.rules: rule id(s) {repeated} repeat"]
+        order = spec.get("order", ids)
+        if type(order) is not list or not all(type(i) is str and i in ids for i in order):
+            return [f"checks.spec.order must be a list of rule ids (of {ids}), got {order!r:.80}"]
+        try:
+            RuleEngine.evaluate(spec)
+        except Exception as error:  # noqa: BLE001 - the spec is data from a file: whatever it trips on is its fault
+            return [f"checks.spec cannot be evaluated: {type(error).__name__}: {error}"]
+        return []
 
     def __init__(self, params: RulesEnvParams) -> None:
         self.params = params

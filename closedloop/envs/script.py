@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from closedloop.envs import extraction
 from closedloop.envs.base import BaseEnvironment, SLICES, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
 from closedloop.envs.extraction import Extraction, extract_program
+from closedloop.envs.taskfile import file_tree_problems
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -80,6 +81,13 @@ def benchmark_slice(key: str) -> str:
     return SLICES[int(key[8:16], 16) % len(SLICES)]
 
 
+class ScriptChecks(TypedDict):
+    """What the verifier reads of a task's checks (the spec's op and args ride along, unread)."""
+
+    start: dict[str, str]  # the starting tree: relative path -> content, placed in the job directory
+    expected: dict[str, str]  # the tree the script must leave
+
+
 class ScriptEnv(BaseEnvironment):
     name = "script"
     uses_sandbox = True
@@ -89,8 +97,14 @@ class ScriptEnv(BaseEnvironment):
     # Parsing and a clean exit earn a little; the resulting tree earns most of the reward.
     default_weights = {"syntax": 0.1, "runs": 0.1, "files": 0.8}
 
+    task_checks = ScriptChecks
+
     def __init__(self, params: ScriptEnvParams) -> None:
         self.params = params
+
+    @staticmethod
+    def check_task(task: Task) -> list[str]:
+        return file_tree_problems(task.checks["start"], "checks.start")
 
     def component_sources(self) -> dict[str, tuple[Any, Any]]:
         config = {"sandbox": self.params.sandbox.model_dump(mode="json"), "extraction": extraction.version()}
