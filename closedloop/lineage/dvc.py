@@ -15,22 +15,48 @@ the old one (``closedloop.io``: ``write_json``/``write_jsonl``/``replace_dir``; 
 train stages save into ``*.staging`` and rename; validate deletes its folder first), and DVC itself
 removes a link before it checks out another. Being root does not make a read-only link writable
 by accident here: nobody opens one for writing.
+
+No working directory. Prefect runs tasks in threads, and the working directory belongs to the whole
+process, so nothing here changes it: DVC's in-process API gets absolute targets
+(``<root>/dvc.yaml:<stage>``, absolute paths), subprocesses get ``cwd=``, and what DVC reports
+relative to the process's cwd (``status`` keys) is turned back into workspace-relative names.
+
+Integrity. DVC trusts a read-only cache object without hashing it again, so a corrupted object is
+read, pushed and checked out under its old hash. :meth:`DvcWorkspace.read_at` hashes what it reads
+and fetches a bad object again from the default remote (whose copy it hashes first);
+closedloop.lineage.preflight checks what an iteration will read before its first stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
+import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 DEFAULT_REMOTE = "local"
-# <workspace>/.dvc-remote. DVC's config API takes the path relative to the cwd (the workspace, under
-# our lock) and stores it relative to .dvc/, so the workspace can move and keep its remote.
+# <workspace>/.dvc-remote, stored relative to .dvc/ (as "../.dvc-remote") so the workspace can move
+# and keep its remote.
 DEFAULT_REMOTE_URL = ".dvc-remote"
+# What exp_save records before it runs `dvc exp save` (HEAD, the stash, the index, the files) and deletes
+# once that process has ended: found by clean_interrupted_git_state, it says a save was killed midway
+# and what the git state was before it.
+EXP_SAVE_RECORD = ".dvc/tmp/closedloop-exp-save.json"
+# The refs DVC's experiment executor sets while it saves and removes when it ends (EXEC_HEAD it
+# leaves behind even then; EXEC_APPLY belongs to `dvc exp apply` and is not ours to touch).
+EXEC_REFS = ("EXEC_HEAD", "EXEC_MERGE", "EXEC_BASELINE", "EXEC_BRANCH")
+EXEC_NAMESPACE = "refs/exps/exec"
+WORKSPACE_QUEUE = "refs/exps/stash"  # DVC's workspace queue: an entry lives for the length of one save
+REPRO_ARGS = ".dvc/tmp/repro.dat"  # DVC's packed arguments, `git add -f`-ed while a save runs
 # What closedloop sets where nobody set cache.type, by what the workspace's file system can do:
 # - reflink (btrfs, XFS, APFS): copy-on-write clones, DVC's own default; a write makes a new copy.
 # - hardlink: no "copy" fallback after it, on purpose. With "copy" in the list DVC accepts any plain
@@ -45,6 +71,9 @@ class DvcError(RuntimeError):
     pass
 
 
+logger = logging.getLogger(__name__)
+
+
 class DvcWorkspace:
     def __init__(self, root: Path | str):
         self.root = Path(root).resolve()
@@ -52,30 +81,33 @@ class DvcWorkspace:
     # -- locking -------------------------------------------------------------------------------
     @contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the workspace lock, with the workspace as cwd: DVC's in-process API resolves stage
-        targets and paths against the cwd, whatever repo it was opened on."""
+        """Hold the workspace lock: one DVC operation at a time, across threads and processes. It is
+        re-entrant within a thread (one lock object per lock file in this process), so an operation
+        may call another. The process's working directory is left alone (see the module docstring)."""
         from filelock import FileLock
 
         lock_dir = self.root / ".dvc" / "tmp"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(lock_dir / "closedloop.lock"), timeout=600):
-            previous = os.getcwd()
-            os.chdir(self.root)
-            try:
-                yield
-            finally:
-                os.chdir(previous)
+        with FileLock(str(lock_dir / "closedloop.lock"), timeout=600, is_singleton=True):
+            yield
+
+    def _stage_target(self, stage: str) -> str:
+        # DVC resolves a bare stage name against dvc.yaml of the process's cwd: name the file.
+        return f"{self.root / 'dvc.yaml'}:{stage}"
+
+    def _abs(self, path: str | Path) -> Path:
+        return Path(path) if Path(path).is_absolute() else self.root / path
 
     def _repo(self):
-        import logging
-
         from dvc.repo import Repo
 
         # "Updating lock file" and "To track the changes with git, run: ..." (DVC logs both at INFO)
         # on every stage is noise: the loop saves git state itself, as DVC experiments.
         logging.getLogger("dvc").setLevel(logging.WARNING)
 
-        return Repo(str(self.root))
+        repo = Repo(str(self.root))
+        repo.stage_cache = _run_cache(repo)
+        return repo
 
     # -- setup ---------------------------------------------------------------------------------
     def init(self) -> None:
@@ -90,12 +122,15 @@ class DvcWorkspace:
 
             Repo.init(str(self.root), subdir=_git_toplevel(self.root) != self.root)
         with self.locked():
+            from dvc.config_schema import RelPath
+
             repo = self._repo()
             try:
                 with repo.config.edit() as config:
                     remotes = config.setdefault("remote", {})
                     if not remotes:
-                        remotes[DEFAULT_REMOTE] = {"url": DEFAULT_REMOTE_URL}
+                        # RelPath: DVC stores it relative to .dvc/ (a plain absolute path stays absolute)
+                        remotes[DEFAULT_REMOTE] = {"url": RelPath(str(self.root / DEFAULT_REMOTE_URL))}
                         config.setdefault("core", {})["remote"] = DEFAULT_REMOTE
             finally:
                 repo.close()
@@ -152,7 +187,7 @@ class DvcWorkspace:
             self._ensure_cache_type()
             repo = self._repo()
             try:
-                repo.commit(stage, force=True)
+                repo.commit(self._stage_target(stage), force=True)
             finally:
                 repo.close()
 
@@ -161,7 +196,7 @@ class DvcWorkspace:
             self._ensure_cache_type()  # a workspace made before caches linked gets links from now on
             repo = self._repo()
             try:
-                repo.add(path)
+                repo.add(str(self._abs(path)))
             finally:
                 repo.close()
 
@@ -174,10 +209,43 @@ class DvcWorkspace:
                 repo.close()
 
     def status(self) -> dict:
+        """`dvc status`: each changed stage (by name; ``<file>:<name>`` or the ``.dvc`` file's path,
+        relative to the workspace, for stages elsewhere) with what changed; {} when all is recorded."""
         with self.locked():
             repo = self._repo()
             try:
-                return repo.status()
+                return {self._status_key(key): value for key, value in repo.status().items()}
+            finally:
+                repo.close()
+
+    def _status_key(self, key: str) -> str:
+        """DVC names a stage relative to the process's cwd ("../ws/dvc.yaml:train", "../ws/data/x.dvc";
+        the bare name in the workspace itself): name it as `dvc status` run in the workspace would."""
+        file, _, name = key.rpartition(":")
+        if file.endswith("dvc.yaml"):
+            relative = os.path.relpath(os.path.abspath(file), self.root)
+            return name if relative == "dvc.yaml" else f"{relative}:{name}"
+        if key.endswith(".dvc"):
+            return os.path.relpath(os.path.abspath(key), self.root)
+        return key  # a stage of the workspace's dvc.yaml, named from the workspace
+
+    def stage_up_to_date(self, name: str) -> bool:
+        """True when dvc.lock records stage ``name`` and its deps, params and outs all match the
+        workspace: an empty `dvc status <name>` (DVC's own check of that stage alone, not of the
+        stages before it). False when dvc.lock has no record of it, anything changed, or an output is
+        missing. Costs a DVC repo open, DVC's parse of dvc.yaml and dvc.lock and the hashing its state
+        database cannot skip: 0.15–0.25 s on a tiny workspace with ruamel.yaml.clib installed (DVC
+        parses YAML with ruamel), 0.4–1 s without; 20 ms for a stage dvc.lock does not record."""
+        if name not in self._lock_stages():
+            return False
+        from dvc.stage.exceptions import StageNotFound
+
+        with self.locked():
+            repo = self._repo()
+            try:
+                return not repo.status(targets=[self._stage_target(name)])
+            except StageNotFound:
+                return False
             finally:
                 repo.close()
 
@@ -188,7 +256,7 @@ class DvcWorkspace:
         workspace and default remote holding the objects, the git commit, and ``dvc_file``: a DVC
         pointer file (the text of a ``.dvc`` file) for that hash. :meth:`restore` and ``dvc pull``
         turn it back into the directory."""
-        out = self._recorded_out(path)
+        out = self.recorded_out(path)
         if out is None:
             raise DvcError(f"{path} is not a DVC-tracked output of {self.root} (not in dvc.lock or a .dvc file)")
         fields = {"md5": out["md5"], "size": out.get("size"), "nfiles": out.get("nfiles"),
@@ -235,35 +303,213 @@ class DvcWorkspace:
             pointer.unlink(missing_ok=True)  # the pointer is a means: left behind it would be tracked state
         return dest
 
-    def _recorded_out(self, path: str) -> dict[str, Any] | None:
-        import yaml
+    def recorded_out(self, path: str, version: str | None = None) -> dict[str, Any] | None:
+        """What DVC recorded for the tracked ``path`` (relative to the workspace): the output's fields
+        (md5, size, nfiles, hash) from dvc.lock or ``<path>.dvc``, in the workspace or, given
+        ``version``, as that experiment saved them. None where neither records it."""
+        found = self.locate(path, version)
+        return found[0] if found and not found[1] else None
 
-        lock = self.root / "dvc.lock"
-        if lock.exists():
-            for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
-                for out in stage.get("outs", []):
-                    if out["path"] == path:
-                        return out
-        dvcfile = self.root / (path + ".dvc")
-        if dvcfile.exists():
-            for out in (yaml.safe_load(dvcfile.read_text()) or {}).get("outs", []):
-                if out["path"] == Path(path).name:
-                    return out
-        return None
+    def locate(self, path: str, version: str | None = None) -> tuple[dict[str, Any], str] | None:
+        """The output that records ``path`` and where ``path`` lies inside it ("" for the output
+        itself, a relative path for a file of a directory output)."""
+        if version is None:
+            def read(relative: str) -> str | None:
+                file = self.root / relative
+                return file.read_text() if file.is_file() else None
+        else:
+            rev = self.experiment_rev(version)
+
+            def read(relative: str) -> str | None:
+                # "<rev>:./<path>" is relative to the cwd given to git: the workspace, even as a subdir
+                return _git_try(self.root, "show", f"{rev}:./{relative}", strip=False)
+
+        def match(candidates) -> tuple[dict[str, Any], str] | None:
+            for out_path, out in candidates:
+                if path == out_path:
+                    return out, ""
+                if path.startswith(out_path.rstrip("/") + "/"):
+                    return out, path[len(out_path.rstrip("/")) + 1:]
+            return None
+
+        if version is None:
+            stages = self._lock_stages().values()
+        else:
+            lock = read("dvc.lock")
+            stages = ((_load_yaml(lock) or {}).get("stages") or {}).values() if lock else ()
+        found = match((out["path"], out) for stage in stages for out in stage.get("outs", []))
+        parts = Path(path).parts
+        for depth in range(len(parts), 0, -1):  # <path>.dvc, then the .dvc files of its parent folders
+            if found:
+                break
+            tracked = "/".join(parts[:depth])
+            text = read(tracked + ".dvc")
+            outs = (_load_yaml(text) or {}).get("outs", []) if text else []
+            found = match((str(Path(tracked).parent / out["path"]).removeprefix("./"), out) for out in outs)
+        return found
+
+    # -- the objects behind the records: DVC's cache and the default remote -----------------------
+    def cache_path(self, md5: str) -> Path:
+        """Where the cache holds the object ``md5`` (a file's hash, or ``<hash>.dir`` for a
+        directory's listing), whether or not it is there."""
+        if not hasattr(self, "_cache_dir"):
+            from dvc.config import Config
+
+            configured = Config(dvc_dir=str(self.root / ".dvc"), validate=False).get("cache", {}).get("dir")
+            self._cache_dir = (self.root / ".dvc" / configured) if configured else self.root / ".dvc" / "cache"
+        return self._cache_dir / "files" / "md5" / md5[:2] / md5[2:]
+
+    def dir_entries(self, md5: str) -> dict[str, str]:
+        """The files of the directory object ``md5`` (``<hash>.dir``) in the cache: relative path →
+        md5. Check the object first (see closedloop.lineage.preflight); DvcError when unreadable."""
+        path = self.cache_path(md5)
+        try:
+            return {entry["relpath"]: entry["md5"] for entry in json.loads(path.read_bytes())}
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise DvcError(f"directory object {path} cannot be read: {error}") from None
+
+    def fetch_object(self, md5: str) -> str | None:
+        """Fetch the object ``md5`` again from the default remote into the cache, keeping it only if
+        its bytes hash to ``md5``. None when done; else why not (no remote, no copy there, a corrupt
+        copy there too, the remote cannot be read). The new object replaces the cached one by a
+        rename: a corrupt object may be linked into the workspace, and is never written into."""
+        from dvc.exceptions import DvcException
+
+        with self.locked():
+            repo = self._repo()
+            try:
+                try:
+                    odb = repo.cloud.get_remote_odb(None, "fetch")
+                except DvcException as error:
+                    return f"there is no default remote to fetch it from ({error})"
+                where = f"the remote {repo.config['core'].get('remote')!r} ({self.remote_url()})"
+                dest = self.cache_path(md5)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+                digest = hashlib.md5()
+                try:
+                    remote_path = odb.oid_to_path(md5)
+                    if not odb.fs.exists(remote_path):
+                        return f"{where} has no copy of it"
+                    with odb.fs.open(remote_path, "rb") as source, open(staging, "wb") as sink:
+                        for chunk in iter(lambda: source.read(1 << 20), b""):
+                            digest.update(chunk)
+                            sink.write(chunk)
+                except Exception as error:  # any file system's error: say it, do not stop the checks
+                    staging.unlink(missing_ok=True)
+                    return f"{where} cannot be read: {error}"
+                if digest.hexdigest() != object_digest(md5):
+                    staging.unlink()
+                    return f"{where} holds a corrupt copy too (its bytes hash to {digest.hexdigest()})"
+                os.chmod(staging, 0o444)  # as DVC keeps its objects
+                os.replace(staging, dest)
+                return None
+            finally:
+                repo.close()
+
+    def _object_bytes(self, md5: str, what: str) -> bytes:
+        """The cached bytes of ``md5``, hashed; a missing or corrupt object is fetched again from the
+        default remote. DvcError naming ``what``, the object and why when no good copy can be had."""
+        path = self.cache_path(md5)
+        data = path.read_bytes() if path.is_file() else None
+        if data is not None and hashlib.md5(data).hexdigest() == object_digest(md5):
+            return data
+        problem = "missing from the cache" if data is None else \
+            f"corrupt (its bytes hash to {hashlib.md5(data).hexdigest()}, not {object_digest(md5)})"
+        reason = self.fetch_object(md5)
+        if reason:
+            raise DvcError(f"{what}: cache object {path} is {problem}, and {reason}")
+        logger.warning("%s: cache object %s was %s; fetched a good copy from the remote", what, path, problem)
+        return path.read_bytes()
 
     # -- experiments: each iteration saved without a commit on the user's branch ----------------
     def exp_save(self, name: str) -> str:
-        """Save the workspace as experiment ``name``; return the experiment's git commit."""
+        """Save the workspace as experiment ``name``; return the experiment's git commit.
+
+        While `dvc exp save` runs, the git state it came from is kept in EXP_SAVE_RECORD, so that a
+        save killed midway can be undone (:meth:`clean_interrupted_git_state`)."""
         untracked = _git(self.root, "ls-files", "--others", "--exclude-standard", "-z").split("\0")
         keep = [p for p in untracked if p and _is_iteration_state(p)]
         args = ["exp", "save", "--force", "-n", name]
         for path in keep:
             args += ["--include-untracked", path]
-        self._cli(*args)
+        with self.locked():
+            record_path = self.root / EXP_SAVE_RECORD
+            record = _git_state(self.root, keep)
+            _write_json(record_path, record)
+            result = None
+            try:
+                result = _run_dvc(self.root, args,
+                                  on_start=lambda pid: _write_json(record_path, {**record, "pid": pid}))
+            finally:
+                if result is not None:  # the save ended, whether it succeeded or DVC undid it
+                    record_path.unlink(missing_ok=True)
+        if result.returncode:
+            raise DvcError(f"dvc {' '.join(args)} failed in {self.root}:\n{result.stderr.strip() or result.stdout}")
         ref = _git(self.root, "for-each-ref", "--format=%(objectname)", f"refs/exps/*/*/{name}").split()
         if not ref:
             raise DvcError(f"dvc exp save did not create experiment {name!r}")
         return ref[0]
+
+    def clean_interrupted_git_state(self) -> list[str]:
+        """Undo what a `dvc exp save` killed midway left in the git state; one line for each thing
+        done (for a warning). Run it before a run starts its work, holding the run's lock.
+
+        What a killed save leaves, by where it was killed (real saves SIGKILLed at each step; see
+        tests/unit/test_dvc_workspace.py): HEAD detached (at the baseline, or at the half-saved
+        experiment's commit); the workspace's tracked files reset to the last commit, their changes
+        in a `git stash` entry ("WIP on <branch>", or scmrepo's "dvc-exp:..." copy of EXEC_MERGE) or
+        only in refs/exps/exec/EXEC_MERGE, or a file cut short mid-write (an empty params.yaml): the
+        next save would record that; ``.dvc/tmp/repro.dat`` and the files being saved staged in the
+        index; refs/exps/exec/EXEC_*; an entry in DVC's workspace queue refs/exps/stash; a git lock
+        file (``refs/exps/.../<name>.lock``: every later save fails "File exists"); DVC's
+        .dvc/tmp/exps/rwlock left empty (every later save fails "JSON structure is corrupted") or
+        naming the dead process (DVC drops such an entry itself, with a warning, unless the pid now
+        belongs to another process: then it says "is busy"). DVC's repository lock (.dvc/tmp/lock)
+        is an flock, released when its process dies: it blocks nothing.
+
+        exp_save records HEAD, `git stash`, the index and a tree of the files before each save; with
+        that record HEAD, the files (tracked ones and the untracked ones the save included) and the
+        index come back exactly, the stash entry the save pushed is dropped. Without one (a save
+        closedloop did not start) only DVC's refs, queue entry, repro.dat, lock files and rwlock
+        entries go, and a detached HEAD is a DvcError that says what to do. Never touched:
+        experiment refs (refs/exps/<baseline>/<name>), EXEC_APPLY (`dvc exp apply`), queued
+        experiments (refs/exps/celery), other stash entries, what the user staged. Nothing is done
+        without a sign that a save was interrupted (a completed save leaves EXEC_HEAD and repro.dat
+        on disk: those are DVC's normal state). ~15 ms when there is nothing to do."""
+        if not _inside_git(self.root):
+            return []
+        with self.locked():
+            record_path = self.root / EXP_SAVE_RECORD
+            record = _read_json(record_path)
+            waited = _wait_for_exit(int(record["pid"]), self.root) if record and record.get("pid") else []
+            done = _remove_stale_git_locks(self.root, record.get("started") if record else None)
+            locks = bool(done)
+            done = waited + done + _release_dead_rwlocks(self.root)
+            exec_refs = [ref for ref in _git(self.root, "for-each-ref", "--format=%(refname)", EXEC_NAMESPACE).split()
+                         if ref.rsplit("/", 1)[-1] in EXEC_REFS]
+            queued = _git_try(self.root, "rev-parse", "-q", "--verify", WORKSPACE_QUEUE)
+            staged_args = bool(_git_try(self.root, "ls-files", "--", REPRO_ARGS))
+            midway = {"EXEC_MERGE", "EXEC_BASELINE", "EXEC_BRANCH"} & {ref.rsplit("/", 1)[-1] for ref in exec_refs}
+            detached = _git_try(self.root, "symbolic-ref", "-q", "HEAD") is None
+            stash = _git_try(self.root, "rev-parse", "-q", "--verify", "refs/stash")
+            stashed = bool(record) and stash != record.get("stash")
+            if locks or staged_args or queued or midway or stashed or (detached and record):
+                done += _restore_git_state(self.root, record)
+                if _git_try(self.root, "ls-files", "--", REPRO_ARGS):
+                    _git(self.root, "rm", "--cached", "-q", "--", REPRO_ARGS)
+                    done.append(f"unstaged {REPRO_ARGS} (DVC's packed arguments, not part of the workspace)")
+                for ref in exec_refs:
+                    _git(self.root, "update-ref", "--no-deref", "-d", ref)  # EXEC_BRANCH is symbolic: not its target
+                    done.append(f"removed ref {ref}")
+                if queued:
+                    entries = len(_git(self.root, "log", "-g", "--format=%H", WORKSPACE_QUEUE).split())
+                    _git(self.root, "update-ref", "-d", WORKSPACE_QUEUE)
+                    done.append(f"dropped {WORKSPACE_QUEUE} (DVC's workspace queue: {entries} entr"
+                                f"{'y' if entries == 1 else 'ies'} of saves that never ran)")
+            record_path.unlink(missing_ok=True)
+            return done
+
 
     def experiments(self) -> list[str]:
         out = _git(self.root, "for-each-ref", "--format=%(refname)", "refs/exps")
@@ -286,12 +532,40 @@ class DvcWorkspace:
 
     def read_at(self, path: str, version: str) -> str:
         """The text of the DVC-tracked ``path`` (relative to the workspace) as experiment ``version``
-        saved it, read through DVC from the cache (or the remote)."""
+        saved it: the cached object named by that experiment's record, hashed against it. A missing
+        or corrupt object is fetched again from the default remote (whose copy is hashed first).
+        DvcError naming the experiment, the file and the object when no good copy can be had."""
+        found = self.locate(path, version)  # DvcError naming the experiment when there is none
+        what = f"experiment {version!r}, {path}"
+        if found is None:
+            raise DvcError(f"{what}: the experiment does not record it (not in its dvc.lock or a .dvc file)")
+        out, inner = found
+        if out.get("hash") != "md5":
+            return self._read_legacy(path, version, what)
+        with self.locked():
+            md5 = out["md5"]
+            if inner:  # a file of a directory output: its hash is in the directory's listing
+                self._object_bytes(md5, f"{what} (the listing of its directory)")
+                md5 = self.dir_entries(md5).get(inner)
+                if md5 is None:
+                    raise DvcError(f"{what}: not among the files the experiment recorded for its directory")
+            data = self._object_bytes(md5, what)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DvcError(f"{what}: not UTF-8 text ({error})") from None
+
+    def _read_legacy(self, path: str, version: str, what: str) -> str:
+        """Outputs recorded by DVC 2 (hash md5-dos2unix, no "hash" field) are read through dvc.api,
+        unverified: their hash is not of the raw bytes."""
         import dvc.api
 
         rev = self.experiment_rev(version)
-        with self.locked():
-            return dvc.api.read(path, repo=str(self.root), rev=rev, mode="r")
+        try:
+            with self.locked():
+                return dvc.api.read(str(self.root / path), repo=str(self.root), rev=rev, mode="r", encoding="utf-8")
+        except Exception as error:
+            raise DvcError(f"{what}: cannot be read through DVC: {error}") from error
 
     def head_rev(self) -> str:
         try:
@@ -301,29 +575,33 @@ class DvcWorkspace:
 
     def lock_hashes(self) -> dict[str, str]:
         """Each recorded output's DVC hash, from dvc.lock and the .dvc files."""
-        import yaml
-
         hashes: dict[str, str] = {}
-        lock = self.root / "dvc.lock"
-        if lock.exists():
-            for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
-                for out in stage.get("outs", []):
-                    hashes[out["path"]] = out.get("md5", "")
+        for stage in self._lock_stages().values():
+            for out in stage.get("outs", []):
+                hashes[out["path"]] = out.get("md5", "")
         for dvcfile in self.root.glob("data/*.dvc"):
-            for out in (yaml.safe_load(dvcfile.read_text()) or {}).get("outs", []):
+            for out in (_load_yaml(dvcfile.read_text()) or {}).get("outs", []):
                 hashes[str(dvcfile.parent.relative_to(self.root) / out["path"])] = out.get("md5", "")
         return hashes
 
-    def _cli(self, *args: str) -> str:
-        """Commands without a stable in-process API run as `dvc` itself, under our lock."""
-        with self.locked():
-            result = subprocess.run(
-                [sys.executable, "-m", "dvc", *args, "-q"], cwd=self.root, env=_git_identity_env(self.root),
-                capture_output=True, text=True,
-            )
-        if result.returncode:
-            raise DvcError(f"dvc {' '.join(args)} failed in {self.root}:\n{result.stderr.strip() or result.stdout}")
-        return result.stdout
+    def _lock_stages(self) -> dict[str, Any]:
+        """dvc.lock's stages, parsed once per version of the file (it lists every code file each
+        stage depends on: ~85 kB, 50 ms to parse with libyaml, 250 ms without)."""
+        lock = self.root / "dvc.lock"
+        try:
+            stat = lock.stat()
+        except FileNotFoundError:
+            return {}
+        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if getattr(self, "_lock_cache", (None,))[0] != key:
+            self._lock_cache = (key, (_load_yaml(lock.read_text()) or {}).get("stages") or {})
+        return self._lock_cache[1]
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def pointer_file(fields: dict[str, Any], name: str) -> str:
@@ -363,6 +641,292 @@ def link_cache_type(repo) -> str:
     return next((LINK_CACHE_TYPES[link] for link in ("reflink", "hardlink", "symlink") if link in supported), "copy")
 
 
+def _run_cache(repo):
+    """DVC's run cache, except that the stage it builds to save a stage's uncached outputs names the
+    workspace's dvc.yaml, not "dvc.yaml" of the process's cwd: DVC 3.67's ``StageCache._create_stage``
+    does the latter, and `commit` from any other directory fails ("'/elsewhere' is outside of DVC
+    repo"). The rest is DVC's own (pinned version)."""
+    from dvc.stage import PipelineStage, create_stage
+    from dvc.stage.cache import StageCache
+    from dvc.stage.loader import StageLoader
+
+    class RunCache(StageCache):
+        def _create_stage(self, cache, wdir=None):
+            stage = create_stage(PipelineStage, repo=self.repo, path=os.path.join(self.repo.root_dir, "dvc.yaml"),
+                                 cmd=cache["cmd"], wdir=wdir, outs=[out["path"] for out in cache["outs"]])
+            StageLoader.fill_from_lock(stage, cache)
+            return stage
+
+    return RunCache(repo)
+
+
+def object_digest(md5: str) -> str:
+    """The md5 an object's bytes hash to: its name, less the ``.dir`` of a directory's listing."""
+    return md5.removesuffix(".dir")
+
+
+def _run_dvc(root: Path, args, on_start=None) -> subprocess.CompletedProcess:
+    """`python -m dvc <args>` in ``root`` (not -q: that silences DVC's error message too). Interrupted
+    (Ctrl-C reaches the child too), it gives DVC's own clean-up time to finish before it goes."""
+    process = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=root, env=_git_identity_env(root),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if on_start:
+            on_start(process.pid)
+        stdout, stderr = process.communicate()
+    except BaseException:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=60)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+# -- after a killed `dvc exp save` ---------------------------------------------------------------
+def _git_state(root: Path, keep: list[str]) -> dict[str, Any]:
+    """What clean_interrupted_git_state needs to put the git state back as it was before a save: HEAD,
+    the top of `git stash`, the index (as a tree) and the files (a tree of the tracked files and of
+    ``keep``, the untracked files the save includes, as they are now)."""
+    return {
+        "head_ref": _git_try(root, "symbolic-ref", "-q", "HEAD"),  # None: HEAD was detached
+        "head": _git_try(root, "rev-parse", "-q", "--verify", "HEAD"),
+        "stash": _git_try(root, "rev-parse", "-q", "--verify", "refs/stash"),
+        "index": _git_try(root, "write-tree"),  # None with unmerged paths: the index is then left as it is
+        "files": _snapshot(root, keep),
+        "pid": None,
+        "started": time.time(),
+    }
+
+
+def _scratch_index(root: Path) -> dict[str, str]:
+    """git's environment with an index of our own, so the user's index is never touched."""
+    return {**_git_identity_env(root), "GIT_INDEX_FILE": str(root / ".dvc" / "tmp" / "closedloop-scratch.index")}
+
+
+def _snapshot(root: Path, keep: list[str]) -> str | None:
+    """A git tree of the tracked files and ``keep`` as they are in the workspace, written to git's
+    object store through a scratch index (a copy of the real one, for its stat cache: unchanged files
+    are not hashed again). A few ms for a workspace's small git-tracked files."""
+    env = _scratch_index(root)
+    scratch = Path(env["GIT_INDEX_FILE"])
+    real = root / _git(root, "rev-parse", "--git-path", "index").strip()
+    try:
+        if real.exists():
+            shutil.copyfile(real, scratch)
+        steps = [["add", "-u", "--", "."]] + ([["add", "-f", "--", *keep]] if keep else []) + [["write-tree"]]
+        for step in steps:
+            result = subprocess.run(["git", *step], cwd=root, env=env, capture_output=True, text=True)
+            if result.returncode:
+                return None
+        return result.stdout.strip()
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def _restore_git_state(root: Path, record: dict[str, Any] | None) -> list[str]:
+    """HEAD, the files and the index as ``record`` says they were before the save, and `git stash`
+    without the entries the save pushed."""
+    head_ref = _git_try(root, "symbolic-ref", "-q", "HEAD")
+    head = _git_try(root, "rev-parse", "-q", "--verify", "HEAD")
+    if head is None:
+        return []  # no commit yet: no save can have begun
+    if record is None or not record.get("head"):
+        if head_ref is None:
+            branch = _reflog_branch(root)
+            raise DvcError(
+                f"{root}: HEAD is detached at {head[:7]} and DVC's refs show a `dvc exp save` that was killed "
+                "midway, one closedloop has no record of. Put it back by hand: `git checkout "
+                f"{branch or '<your branch>'}`, then, if `git stash list` shows a 'WIP on' entry that save made, "
+                "`git stash pop --index`; then run again")
+        return []
+    done: list[str] = []
+    before = record["head"]
+    if head_ref is None:
+        if record.get("head_ref"):
+            tip = _git_try(root, "rev-parse", "-q", "--verify", record["head_ref"])
+            if tip != before:
+                raise DvcError(f"{root}: HEAD is detached at {head[:7]} after a killed `dvc exp save`, and "
+                               f"{record['head_ref']} has moved since ({before[:7]} → {str(tip)[:7]}): "
+                               f"check out the branch you want by hand, then run again")
+            _git(root, "symbolic-ref", "-m", "closedloop: HEAD back after a killed dvc exp save", "HEAD",
+                 record["head_ref"])
+            done.append(f"reattached HEAD to {record['head_ref'].removeprefix('refs/heads/')} "
+                        f"(the save left it detached at {head[:7]})")
+        elif head != before:
+            _git(root, "update-ref", "--no-deref", "HEAD", before)
+            done.append(f"moved the detached HEAD back to {before[:7]} (the save left it at {head[:7]})")
+    if _git(root, "rev-parse", "HEAD").strip() != before:
+        return done  # someone committed since: the recorded files and index no longer apply
+    # The one entry the save pushed onto `git stash`: DVC's stash of the workspace ("WIP on <branch>"),
+    # or scmrepo's temporary copy of EXEC_MERGE ("dvc-exp:...", it applies a stash commit that way).
+    # The files come back from the record below, so the entry is a copy: dropped.
+    top = _git_try(root, "rev-parse", "-q", "--verify", "refs/stash")
+    if (top and top != record.get("stash")
+            and _git_try(root, "rev-parse", "-q", "--verify", "refs/stash@{1}") == record.get("stash")
+            and _git_try(root, "rev-parse", f"{top}^1") == before):
+        message = _git(root, "log", "-1", "--format=%s", top).strip()
+        if message.startswith(("WIP on ", "dvc-exp:")):
+            _git(root, "stash", "drop", "-q")
+            done.append(f"dropped the git stash entry the save made ({message!r}; its files are put back from "
+                        "closedloop's record)")
+    if record.get("files"):
+        done += _restore_files(root, record["files"], before)
+    index = record.get("index") or before
+    if _git_try(root, "write-tree") != index:
+        _git(root, "read-tree", index)
+        done.append("restored the index (what was staged) as it was before the save")
+    _git_try(root, "update-index", "-q", "--refresh")
+    return done
+
+
+def _restore_files(root: Path, files: str, head: str) -> list[str]:
+    """The workspace's tracked files (and the untracked ones the save included) as the tree ``files``
+    holds them: the save may have reset them, stashed them or been killed while writing one."""
+    env = _scratch_index(root)
+    scratch = Path(env["GIT_INDEX_FILE"])
+
+    def git(*args: str, check: bool = True) -> str:
+        result = subprocess.run(["git", *args], cwd=root, env=env, capture_output=True, text=True)
+        if check and result.returncode:
+            raise DvcError(f"git {' '.join(args)} failed in {root}: {result.stderr.strip()}")
+        return result.stdout
+
+    done = []
+    try:
+        git("read-tree", files)
+        git("update-index", "-q", "--refresh", check=False)  # stat the files; what differs stays listed
+        differ = [name for name in git("diff-files", "--name-only", "--relative", "-z").split("\0") if name]
+        if differ:
+            git("checkout-index", "-f", "--", *differ)
+            done.append(f"put back {', '.join(differ)} as before the save (it had reset, stashed or cut them short)")
+        gone = [name for name in git("diff", "--name-only", "--relative", "-z", "--diff-filter=D", head, files)
+                .split("\0") if name and (root / name).exists()]
+        for name in gone:
+            (root / name).unlink()
+        if gone:
+            done.append(f"removed {', '.join(gone)} again (deleted before the save; the save had brought them back)")
+    finally:
+        scratch.unlink(missing_ok=True)
+    return done
+
+
+def _remove_stale_git_locks(root: Path, since: float | None) -> list[str]:
+    """The ``*.lock`` files a killed git writer leaves (a ref, the index, HEAD: git and DVC then fail
+    with "File exists" until they go). With a record of the killed save, those made since it started
+    go; without one, only those in DVC's own refs/exps/, and only once a minute old."""
+    gitdir = Path(_git(root, "rev-parse", "--absolute-git-dir").strip())
+    locks = [gitdir / name for name in ("index.lock", "HEAD.lock", "packed-refs.lock", "refs/stash.lock")]
+    locks += sorted((gitdir / "refs" / "exps").rglob("*.lock"))
+    done = []
+    for lock in locks:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        dvcs = lock.is_relative_to(gitdir / "refs" / "exps")
+        if (since is not None and lock.stat().st_mtime >= since - 1.0) or (since is None and dvcs and age > 60):
+            lock.unlink(missing_ok=True)
+            done.append(f"removed {lock.relative_to(gitdir.parent) if gitdir.parent in lock.parents else lock} "
+                        f"(a git lock file the killed process left, {age:.0f} s old)")
+    return done
+
+
+def _reflog_branch(root: Path) -> str | None:
+    """The branch the last `checkout: moving from <branch> to ...` left, for a hint."""
+    import re
+
+    for line in (_git_try(root, "log", "-g", "-n", "50", "--format=%gs", "HEAD") or "").splitlines():
+        match = re.match(r"checkout: moving from (\S+) to ", line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _wait_for_exit(pid: int, root: Path, timeout_s: float = 120.0) -> list[str]:
+    """A `dvc exp save` whose parent was killed runs on; let it end before anything is cleaned."""
+    import psutil
+
+    started = time.monotonic()
+    try:
+        process = psutil.Process(pid)
+        if "dvc" not in " ".join(process.cmdline()):
+            return []  # the pid now belongs to another program: the save is long gone
+        process.wait(timeout=timeout_s)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    except psutil.TimeoutExpired:
+        raise DvcError(f"{root}: a `dvc exp save` (pid {pid}) started by an earlier run is still running after "
+                       f"{timeout_s:.0f} s; wait for it to end (or end it), then run again") from None
+    return [f"waited {time.monotonic() - started:.1f} s for the `dvc exp save` (pid {pid}) a killed run left "
+            "running to end"]
+
+
+def _release_dead_rwlocks(root: Path) -> list[str]:
+    """DVC's rwlock files (.dvc/tmp/rwlock, .dvc/tmp/exps/rwlock) as a killed DVC leaves them: entries
+    of a process that is gone, or whose pid now belongs to a process started after the file was last
+    written (a pid used again, as in a fresh container: DVC would say "is busy"), are dropped; a file
+    left empty or cut short (killed while DVC rewrote it: DVC then refuses every command it guards,
+    "JSON structure is corrupted") is reset to no locks: whatever it held was lost with the write."""
+    import psutil
+    from dvc.config import Config
+    from dvc.fs import localfs
+    from dvc.lock import make_lock
+    from dvc.rwlock import RWLOCK_LOCK, RWLockFileCorruptedError, RWLockFileFormatError, _edit_rwlock
+
+    hardlink = bool(Config(dvc_dir=str(root / ".dvc"), validate=False).get("core", {}).get("hardlink_lock", False))
+    done: list[str] = []
+
+    def gone(info: dict, written: float) -> bool:
+        try:
+            return psutil.Process(int(info["pid"])).create_time() > written + 1.0
+        except (psutil.NoSuchProcess, ValueError, KeyError):
+            return True
+        except psutil.AccessDenied:
+            return False
+
+    for lock_dir in (root / ".dvc" / "tmp", root / ".dvc" / "tmp" / "exps"):
+        path = lock_dir / "rwlock"
+        if not path.is_file():
+            continue
+        written = path.stat().st_mtime
+        try:
+            with _edit_rwlock(str(lock_dir), localfs, hardlink) as lock:
+                for mode in ("read", "write"):
+                    for target, infos in list(lock[mode].items()):
+                        listed = infos if isinstance(infos, list) else [infos]
+                        dead = [info for info in listed if gone(info, written)]
+                        for info in dead:
+                            cmd = str(info.get("cmd", "?"))
+                            cmd = cmd if len(cmd) <= 60 else cmd[:57] + "..."
+                            done.append(f"removed the {mode} lock on {target} held by process {info.get('pid')} "
+                                        f"(no longer running: {cmd}) from {path.relative_to(root)}")
+                        alive = [info for info in listed if info not in dead]
+                        if not alive:
+                            del lock[mode][target]
+                        elif mode == "read":
+                            lock[mode][target] = alive
+        except (RWLockFileCorruptedError, RWLockFileFormatError):
+            with make_lock(str(lock_dir / RWLOCK_LOCK), tmp_dir=str(lock_dir), hardlink_lock=hardlink):
+                size = path.stat().st_size
+                _write_json(path, {"read": {}, "write": {}})
+            done.append(f"reset {path.relative_to(root)}: a process killed while writing it left it unreadable "
+                        f"({size} bytes), and DVC refuses the commands it guards until then")
+    return done
+
+
+def _write_json(path: Path, data: Any) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(data))
+    os.replace(staging, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _is_iteration_state(path: str) -> bool:
     return (
         path in ("dvc.lock", "dvc.yaml", "params.yaml")
@@ -377,6 +941,14 @@ def _git(root: Path, *args: str) -> str:
     if result.returncode:
         raise DvcError(f"git {' '.join(args)} failed in {root}: {result.stderr.strip()}")
     return result.stdout
+
+
+def _git_try(root: Path, *args: str, strip: bool = True) -> str | None:
+    """git's output, or None where it fails (a ref that does not exist, a path not at that commit)."""
+    result = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=_git_identity_env(root))
+    if result.returncode:
+        return None
+    return result.stdout.strip() if strip else result.stdout
 
 
 def _inside_git(root: Path) -> bool:
