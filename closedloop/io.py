@@ -9,6 +9,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
+def say(line: str) -> None:
+    """One line for the user, on stderr. Not ``print``: inside a flow with ``log_prints``, Prefect
+    turns every print (to stderr too) into an INFO log record, which a CLI run keeps quiet."""
+    import sys
+
+    sys.stderr.write(line.rstrip("\n") + "\n")
+    sys.stderr.flush()
+
+
 class BatchFileError(ValueError):
     """A batch file is missing or malformed; the message names the file and line."""
 

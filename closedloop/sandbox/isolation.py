@@ -17,6 +17,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from closedloop.io import say
+
 SANDBOX_DIR = Path(__file__).resolve().parent
 _MOUNT_POINT = "/opt/closedloop-sandbox"
 # Capabilities the worker keeps (when started as root): to hand each job directory to the job's uid,
@@ -114,4 +116,4 @@ _warned: set[str] = set()
 def warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        print(f"closedloop: sandbox: {message}", file=sys.stderr, flush=True)
+        say(f"closedloop: sandbox: {message}")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import importlib
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from closedloop.config import Params, load_params
-from closedloop.io import write_json
+from closedloop.faults import fault_point
+from closedloop.io import say, write_json
 from closedloop.workspace import Workspace
 
 
@@ -46,6 +46,7 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
     context = StageContext(ws=ws, params=params, progress=progress)
     started = time.perf_counter()
     metrics = stage_function(name)(context)
+    fault_point(f"stage:{name}")  # tests kill a run here: outputs written, not yet recorded
     metrics = {**metrics, "seconds": round(time.perf_counter() - started, 3)}
     write_json(ws.metrics(name), metrics)
     return metrics
@@ -142,7 +143,7 @@ def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:
     except (SettingsMismatch, PromptFormatError) as error:
         raise StageError(str(error)) from None
     for line in found:
-        print(f"closedloop: warning: {model_dir}: {line}", file=sys.stderr)
+        say(f"closedloop: warning: {model_dir}: {line}")
     return found
 
 

@@ -328,6 +328,9 @@ def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, sche
     partial = directory / (CHECKPOINT_FILE + ".partial")
     torch.save(state, partial)
     os.replace(partial, directory / CHECKPOINT_FILE)
+    from closedloop.faults import fault_point
+
+    fault_point("train:checkpoint")  # tests kill a run here, mid-training
 
 
 def _resume(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any) -> tuple[int, list[float], int]:

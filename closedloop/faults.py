@@ -1,0 +1,37 @@
+"""Named points where a test can kill the run, to prove the loop resumes from anywhere.
+
+``CLOSEDLOOP_FAULT=<point>`` makes the process send SIGKILL to its whole process group when it
+reaches ``<point>``: no ``finally``, no atexit, no Prefect hook runs, exactly as when a machine
+loses power or the OOM killer strikes. Unset (always, outside the tests), a point costs one dict
+look-up. The points:
+
+- ``stage:<name>``: a stage's outputs are written but not yet recorded in dvc.lock;
+- ``train:checkpoint``: the train stage saved its first checkpoint, mid-training;
+- ``version:exp-save``: while ``dvc exp save`` runs (``CLOSEDLOOP_FAULT_DELAY_S`` after it started);
+- ``version:mlflow-log``: the iteration's MLflow run is open and half logged;
+- ``version:register``: the candidate is registered, no alias moved yet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "CLOSEDLOOP_FAULT"
+
+
+def armed(point: str) -> bool:
+    return os.environ.get(ENV) == point
+
+
+def fault_point(point: str) -> None:
+    if armed(point):
+        kill_now()
+
+
+def kill_now() -> None:
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def delay_s(default: float = 0.5) -> float:
+    return float(os.environ.get(f"{ENV}_DELAY_S", default))
