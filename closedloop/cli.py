@@ -9,6 +9,13 @@ import sys
 from pathlib import Path
 
 
+EXIT_BUSY = 75  # EX_TEMPFAIL: another run holds the workspace; try again later (or --wait)
+# The ephemeral Prefect API's start-up limit. Prefect's own 20 s is often not enough on a loaded
+# 2-core machine (STACK_NOTES); when even this runs out, the run is tried once more with twice it.
+PREFECT_STARTUP_S = 180
+PREFECT_TIMEOUT_TEXT = "Timed out while attempting to connect to ephemeral Prefect API server"
+
+
 def main(argv: list[str] | None = None) -> int:
     # Before torch is ever imported: OpenMP threads that spin-wait collapse (up to 25x slower) when
     # another process holds a core, which on a 2-core machine is most of the time. Passive waiting
@@ -24,10 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     from closedloop.envs.humaneval import TaskFileError
     from closedloop.io import BatchFileError
     from closedloop.scaffold import WorkspaceError
+    from closedloop.runlock import WorkspaceBusy
     from closedloop.stages.common import StageError
 
     try:
         return args.handler(args) or 0
+    except WorkspaceBusy as error:
+        print(f"closedloop: error: {error}", file=sys.stderr)
+        return EXIT_BUSY
     except (ConfigError, StageError, BatchFileError, WorkspaceError, TaskFileError, EnvironmentError_) as error:
         print(f"closedloop: error: {error}", file=sys.stderr)
         return 1
@@ -54,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the warm start (if needed) and N iterations on Prefect")
     p.add_argument("--iterations", "-n", type=int, default=2, help="iterations to run (default: 2)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--wait", action="store_true",
+                   help="if another run holds the workspace, wait for it instead of stopping at once")
     workspace_arg(p)
     p.set_defaults(handler=cmd_run)
 
@@ -108,9 +121,12 @@ def cmd_init(args) -> int:
 
 
 def cmd_stage(args) -> int:
+    from closedloop.runlock import workspace_lock
     from closedloop.stages import run_stage
 
-    metrics = run_stage(args.name, args.workspace, progress=sys.stderr.isatty())
+    # `dvc repro` runs this once per stage; a closedloop run beside it would mix their outputs.
+    with workspace_lock(args.workspace, command=f"closedloop stage {args.name}"):
+        metrics = run_stage(args.name, args.workspace, progress=sys.stderr.isatty())
     print(json.dumps(metrics, sort_keys=True))
     return 0
 
@@ -123,8 +139,22 @@ def quiet_prefect() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL", "WARNING")
 
 
+def prefect_defaults(root: Path) -> None:
+    """Where the ephemeral Prefect API keeps its database, and how long it may take to start.
+
+    Without a Prefect server (no PREFECT_API_URL), each workspace keeps its own run history in
+    ``.closedloop/prefect.db`` rather than every workspace sharing ``~/.prefect/prefect.db``. A
+    PREFECT_API_URL (a real server) or an explicit database URL is left as it is."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_S))
+    if not os.environ.get("PREFECT_API_URL"):
+        (root / ".closedloop").mkdir(exist_ok=True)
+        os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL",
+                              f"sqlite+aiosqlite:///{root / '.closedloop' / 'prefect.db'}")
+
+
 def cmd_run(args) -> int:
     from closedloop.config import load_params
+    from closedloop.runlock import workspace_lock
     from closedloop.scaffold import require_workspace
 
     root = require_workspace(args.workspace)
@@ -132,17 +162,45 @@ def cmd_run(args) -> int:
     if args.iterations < 0:
         raise SystemExit("closedloop: error: --iterations must be >= 0")
     quiet_prefect()
-    from flows.loop import closed_loop
+    prefect_defaults(root)
+    with workspace_lock(root, wait=args.wait, command="closedloop run"):
+        from flows.loop import closed_loop
 
-    try:
-        result = closed_loop(iterations=args.iterations, workspace=str(root), progress=not args.no_progress)
-    except Exception as error:  # the flow has logged the traceback; say what failed in one line
-        print(f"closedloop: the loop stopped: {error}", file=sys.stderr)
-        _drain()
-        return 1
+        try:
+            result = closed_loop(iterations=args.iterations, workspace=str(root), progress=not args.no_progress)
+        except Exception as error:  # the flow has logged the traceback; say what failed in one line
+            result = None
+            if PREFECT_TIMEOUT_TEXT not in str(error):
+                print(f"closedloop: the loop stopped: {error}", file=sys.stderr)
+                _drain()
+                return 1
+    if result is None:  # outside the lock: the retry takes it itself
+        return _retry_with_longer_prefect_start(args)
     print(report_lines(result))
     _drain()
     return 0
+
+
+def _retry_with_longer_prefect_start(args) -> int:
+    """Run the same command once more with twice the start-up limit, in a fresh process (a Prefect
+    client that gave up on its server does not try again). The lock and the progress record make
+    that safe: the retry continues whatever the first attempt began."""
+    limit = int(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    if os.environ.get("CLOSEDLOOP_PREFECT_RETRIED"):
+        print(f"closedloop: error: Prefect's local API server did not start within {limit} s, twice. On a "
+              "busy machine set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher, or start a server "
+              "(`prefect server start`) and set PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
+        return 1
+    print(f"closedloop: Prefect's local API server did not start within {limit} s; trying once more with "
+          f"{2 * limit} s", file=sys.stderr)
+    env = {**os.environ, "CLOSEDLOOP_PREFECT_RETRIED": "1",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(2 * limit)}
+    argv = ["run", "--iterations", str(args.iterations), "--workspace", str(args.workspace)]
+    argv += ["--no-progress"] * args.no_progress
+    import subprocess
+
+    return subprocess.call([sys.executable, "-c", "import sys; from closedloop.cli import main; sys.exit(main())",
+                            *argv], env=env)
 
 
 def report_lines(result: dict) -> str:

@@ -14,6 +14,8 @@ GITIGNORE = """\
 /.dvc-remote/
 /mlflow.db
 /mlartifacts/
+# A run's local state: the workspace lock, the progress of the iteration, Prefect's local database.
+/.closedloop/
 *.staging/
 *.old/
 *.checkpoint/
@@ -38,8 +40,11 @@ def init_workspace(root: Path | str) -> Path:
     (root / "dvc.yaml").write_text(render_yaml(code_prefix(root)))
     gitignore = root / ".gitignore"
     existing = gitignore.read_text() if gitignore.exists() else ""
-    if "/.dvc-remote/" not in existing:
-        gitignore.write_text(existing + ("\n" if existing and not existing.endswith("\n") else "") + GITIGNORE)
+    entries = [line for line in GITIGNORE.splitlines() if line and not line.startswith("#")]
+    missing = [line for line in entries if line not in existing.splitlines()]
+    if missing:  # a workspace made by an older closedloop gets the entries it lacks, nothing twice
+        block = GITIGNORE if missing == entries else "# closedloop\n" + "\n".join(missing) + "\n"
+        gitignore.write_text(existing + ("\n" if existing and not existing.endswith("\n") else "") + block)
     DvcWorkspace(root).init()
     env = _git_identity_env(root)
     has_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode == 0

@@ -15,6 +15,7 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
     uri = tracking.configure(root, params.tracking.uri, params.tracking.experiment)
     name = params.tracking.registered_model
     lines = [f"workspace   {root}", f"tracking    {uri}", f"iteration   {params.loop.iteration} (params.yaml)"]
+    lines += _run_state(root)
     champion = tracking.get_alias(name, "champion")
     if champion is None:
         lines.append("champion    none yet (run `closedloop run`)")
@@ -49,6 +50,26 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
         lines.append("dvc experiments: " + ", ".join(sorted(experiments)))
         lines.append("restore one with `dvc exp apply NAME`, then `dvc repro` reproduces it")
     return "\n".join(lines)
+
+
+def _run_state(root: Path) -> list[str]:
+    """Who holds the workspace, and an iteration a run left unfinished."""
+    from closedloop.progress import read_progress
+    from closedloop.runlock import describe, holder, is_held
+
+    lines = []
+    record = holder(root)
+    if record:
+        held = is_held(root)
+        lines.append(f"running     {describe(record)}" if held else
+                     f"lock        stale: {describe(record)} ended without releasing it (the next run takes it over)")
+    progress = read_progress(root)
+    if progress is not None and progress.state != "done":
+        at = f" at {progress.stage}" if progress.stage else ""
+        done = ", ".join(progress.completed) or "no stage"
+        verdict = "`closedloop run` resumes it" if progress.resumable() else "the next run starts a new iteration"
+        lines.append(f"unfinished  iteration {progress.iteration}: {progress.state}{at} ({done} done); {verdict}")
+    return lines
 
 
 def _fmt(value) -> str:

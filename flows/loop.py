@@ -7,33 +7,70 @@ from typing import Optional
 from prefect import flow
 
 from closedloop.config import Params, load_params, write_params
+from closedloop.io import say
 from closedloop.lineage.record import has_champion
+from closedloop.pipeline import WARM_START_STAGES
+from closedloop.progress import Progress, read_progress, write_progress
+from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
+from flows.hooks import flow_run_id, on_interrupted
 from flows.iteration import iteration_flow
 from tasks import lineage, stages
 
 
-@flow(name="closedloop-warm-start", log_prints=True)
+def needs_warm_start(workspace: str) -> bool:
+    """No champion yet, or a warm start that a killed run left unregistered."""
+    progress = read_progress(Workspace.at(workspace).root)
+    unfinished = progress is not None and progress.iteration == 0 and progress.state != "done"
+    return unfinished or not has_champion(Workspace.at(workspace))
+
+
+@flow(name="closedloop-warm-start", log_prints=True, on_cancellation=[on_interrupted], on_crashed=[on_interrupted])
 def warm_start_flow(params: Optional[Params] = None, workspace: str = ".", progress: bool = False) -> dict:
     """Iteration 0: the fixed benchmark, the SFT'd base policy, registered as the first champion."""
-    params = params or load_params(workspace)
-    write_params(workspace, params)
-    stages.benchmark(workspace, params, progress)
-    metrics = stages.warmstart(workspace, params, progress)
-    lineage.close_loop(workspace)
-    lineage.push(workspace, params)
-    version = lineage.register_warm_start(workspace, params)
-    return {"model_version": version, "benchmark_pass@1": metrics["benchmark_pass@1"]}
+    with workspace_lock(workspace, wait=True, command="closedloop-warm-start flow", flow_run_id=flow_run_id()):
+        params = params or load_params(workspace)
+        root = Workspace.at(workspace).root
+        record = read_progress(root)
+        if record is None or record.iteration != 0 or record.state == "done":
+            record = Progress(iteration=0)
+        else:
+            record.attempts += 1
+            record.state = "running"
+        write_progress(root, record)
+        write_params(workspace, params)
+        lineage.preflight(workspace, params, warm_start=True)
+        metrics = {}
+        for name in WARM_START_STAGES:
+            # DVC's verdict decides, as for `dvc repro`: a warm start killed after its SFT keeps it.
+            if lineage.stage_done(workspace, name):
+                say(f"closedloop: resume: stage {name} already done (its outputs match dvc.lock); not run again")
+                continue
+            lineage.note_stage(workspace, name, done=False)
+            metrics = stages.STAGE_TASKS[name](workspace, params, progress)
+            lineage.note_stage(workspace, name, done=True)
+        lineage.close_loop(workspace)
+        lineage.push(workspace, params)
+        version = lineage.register_warm_start(workspace, params)
+        lineage.finish_iteration(workspace)
+        from closedloop.io import read_json
+
+        summary = read_json(Workspace.at(workspace).warmstart_eval)["summary"]
+        return {"model_version": version, "benchmark_pass@1": metrics.get("benchmark_pass@1",
+                                                                           summary["overall"]["pass@1"])}
 
 
 @flow(name="closedloop", log_prints=True)
 def closed_loop(iterations: int = 2, params: Optional[Params] = None, workspace: str = ".",
                 progress: bool = False) -> dict:
-    """Run the warm start if the workspace has no champion yet, then ``iterations`` iterations."""
-    params = params or load_params(workspace)
-    warm = None
-    if not has_champion(Workspace.at(workspace)):
-        warm = warm_start_flow(params, workspace, progress)
-    # Each iteration numbers itself from the workspace (params.yaml's loop.iteration + 1).
-    results = [iteration_flow(params, workspace, progress) for _ in range(iterations)]
-    return {"warm_start": warm, "iterations": results}
+    """Run the warm start if the workspace has no champion yet, then ``iterations`` iterations.
+
+    An iteration a killed or cancelled run left unfinished is continued first, and counts as one."""
+    with workspace_lock(workspace, wait=True, command="closedloop flow", flow_run_id=flow_run_id()):
+        params = params or load_params(workspace)
+        warm = None
+        if needs_warm_start(workspace):
+            warm = warm_start_flow(params, workspace, progress)
+        # Each iteration numbers itself from the workspace (params.yaml's loop.iteration + 1).
+        results = [iteration_flow(params, workspace, progress) for _ in range(iterations)]
+        return {"warm_start": warm, "iterations": results}

@@ -9,15 +9,23 @@ from flows.loop import closed_loop, warm_start_flow
 
 
 def deployments(workspace: str) -> list:
-    """The Params model is a flow parameter, so each deployment's form has one field per setting."""
+    """The Params model is a flow parameter, so each deployment's form has one field per setting.
+
+    One run at a time per deployment, the others queued (ENQUEUE) rather than refused: two clicks on
+    "Run" give two iterations one after the other. Across deployments of one workspace, the flows
+    themselves wait for the workspace lock (closedloop.runlock), so they queue too."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
     common = {"workspace": workspace}
+    one_at_a_time = {"concurrency_limit": ConcurrencyLimitConfig(
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)}
     return [
-        closed_loop.to_deployment(name="closed-loop", parameters={**common, "iterations": 1},
+        closed_loop.to_deployment(name="closed-loop", parameters={**common, "iterations": 1}, **one_at_a_time,
                                   description="Warm start if needed, then N closed-loop iterations."),
-        iteration_flow.to_deployment(name="iteration", parameters=common,
+        iteration_flow.to_deployment(name="iteration", parameters=common, **one_at_a_time,
                                      description="One iteration: sample → reward → grade → validate → train → "
                                      "evaluate → gate → promote → version."),
-        warm_start_flow.to_deployment(name="warm-start", parameters=common,
+        warm_start_flow.to_deployment(name="warm-start", parameters=common, **one_at_a_time,
                                       description="Iteration 0: benchmark set and the SFT'd base policy."),
     ]
 

@@ -16,8 +16,26 @@ def close_loop(workspace: str) -> str:
 
 
 @task(name="begin-iteration", persist_result=False, cache_policy=NO_CACHE)
-def begin_iteration(workspace: str, params: Params, previous: Params) -> Params:
-    return record.begin_iteration(Workspace.at(workspace), params, previous)
+def begin_iteration(workspace: str, params: Params, previous: Params, flow_run_id: str | None = None):
+    return record.begin_iteration(Workspace.at(workspace), params, previous, flow_run_id)
+
+
+@task(name="preflight", persist_result=False, cache_policy=NO_CACHE)
+def preflight(workspace: str, params: Params, warm_start: bool = False) -> list[str]:
+    return record.preflight(Workspace.at(workspace), params, warm_start=warm_start)
+
+
+# Not a task: a look-up on resume only, where a task's own overhead would be most of its cost.
+def stage_done(workspace: str, stage: str) -> bool:
+    return record.stage_done(Workspace.at(workspace), stage)
+
+
+def note_stage(workspace: str, stage: str, done: bool) -> None:
+    record.note_stage(Workspace.at(workspace), stage, done)
+
+
+def finish_iteration(workspace: str) -> None:
+    record.finish_iteration(Workspace.at(workspace))
 
 
 # Pushing to the DVC remote is plain, idempotent I/O: the one step where a retry helps. Registration
@@ -39,4 +57,4 @@ def version(workspace: str, params: Params, stage_seconds: dict[str, float]) -> 
 
 @task(name="record-failure", persist_result=False, cache_policy=NO_CACHE)
 def record_failure(workspace: str, params: Params, stage: str, error: str) -> str:
-    return record.record_failure(Workspace.at(workspace), params, stage, RuntimeError(error))
+    return record.record_failure(Workspace.at(workspace), params, stage, error)

@@ -966,6 +966,9 @@ def _git_identity_env(root: Path) -> dict[str, str]:
     The interpreter's bin directory leads PATH so `dvc repro` finds this `closedloop`."""
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # Each `dvc` command would otherwise start a detached analytics daemon that posts to dvc.org (no
+    # network here) and leaves a file in the temp directory (benchmarks/soak.py counted one per iteration).
+    env.setdefault("DVC_NO_ANALYTICS", "1")
     probe = subprocess.run(["git", "config", "user.email"], cwd=root, capture_output=True, text=True)
     if not probe.stdout.strip():
         for role in ("AUTHOR", "COMMITTER"):

@@ -11,8 +11,11 @@ from typing import Any
 
 from closedloop import workspace as paths
 from closedloop.config import Params, write_params
-from closedloop.io import read_json, read_jsonl, replace_dir
+from closedloop.faults import armed, fault_point, kill_now
+from closedloop.faults import delay_s as fault_delay_s
+from closedloop.io import read_json, read_jsonl, replace_dir, say
 from closedloop.lineage.dvc import DvcWorkspace
+from closedloop.progress import Progress
 from closedloop.workspace import Workspace
 
 # The batch files logged as MLflow dataset inputs, with the context each plays.
@@ -43,16 +46,45 @@ def close_loop(ws: Workspace) -> str:
     return wanted
 
 
-def begin_iteration(ws: Workspace, params: Params, previous: Params) -> Params:
-    """params.yaml gets the flow's params with the next iteration number; stages read it from there."""
+def begin_iteration(ws: Workspace, params: Params, previous: Params,
+                    flow_run_id: str | None = None) -> tuple[Params, Progress]:
+    """The iteration this run works on, written to params.yaml (the stages read it from there).
+
+    An iteration a run left unfinished (killed, cancelled, crashed, or failed other than by a refused
+    batch; see closedloop.progress) is continued: same number, so the same seeds. Otherwise the next
+    number. The progress record is written before params.yaml, so a kill between the two resumes the
+    number the record names and no iteration number is ever skipped."""
+    import shutil
+
+    from closedloop.progress import read_progress, write_progress
+
     nxt = params.model_copy(deep=True)
-    nxt.loop.iteration = previous.loop.iteration + 1
+    progress = read_progress(ws.root)
+    last = previous.loop.iteration
+    if progress is not None and progress.resumable() and progress.iteration in (last, last + 1) and progress.iteration:
+        nxt.loop.iteration = progress.iteration
+        progress.attempts += 1
+        say(f"closedloop: resuming iteration {progress.iteration} (it was {progress.state}"
+            + (f" at {progress.stage}" if progress.stage else "")
+            + (f": {progress.reason}" if progress.reason else "") + f"; attempt {progress.attempts})")
+        progress.state, progress.reason = "running", None
+    else:
+        nxt.loop.iteration = last + 1
+        progress = Progress(iteration=nxt.loop.iteration)
+        # A fresh iteration trains from its own start: a checkpoint an abandoned one left is not its own.
+        stale = ws.candidate.with_name("candidate.checkpoint")
+        if stale.exists():
+            shutil.rmtree(stale)
+            say(f"closedloop: removed {stale.relative_to(ws.root)}: a checkpoint of an earlier, abandoned "
+                "iteration")
+    progress.flow_run_id = flow_run_id
+    write_progress(ws.root, progress)
     if nxt.train.replay.last:
         # The batches replayed are the last N iterations' experiments, named in params.yaml so that
         # `dvc repro` of this iteration reads the same ones.
         nxt.train.replay.versions = replay_versions(ws, nxt) if params.versioning.save_experiments else []
     write_params(ws.root, nxt)
-    return nxt
+    return nxt, progress
 
 
 def replay_versions(ws: Workspace, params: Params) -> list[str]:
@@ -130,9 +162,11 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
     hashes = dvc.lock_hashes()
     evaluation = read_json(ws.warmstart_eval)
     metrics = stage_metrics(ws, ("benchmark", "warmstart"))
-    run_id = tracking.log_iteration(
+    key = {**run_key(ws, 0, "warmstart"), "closedloop.candidate": evaluation["model_version"]}
+    logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
+    run_id = logged[0] if logged else tracking.log_iteration(
         iteration=0, run_name="iteration-000-warmstart", params=params.model_dump(mode="json"),
-        metrics=metrics, tags={"closedloop.iteration": "0", "closedloop.kind": "warmstart"}, rewards=[],
+        metrics=metrics, tags=key, rewards=[],
         datasets=_datasets(ws, hashes, (("references", paths.REFERENCES, "training"),
                                         ("benchmark", paths.BENCHMARK_TASKS, "evaluation"))),
         artifacts=[ws.warmstart_eval], stage_seconds={},
@@ -144,10 +178,13 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
         "feedback_sources": json.dumps(feedback_sources(params), sort_keys=True),
         **_score_tags(evaluation["summary"]),
     }
-    version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.warmstart_model,
-                                              registered_model=params.tracking.registered_model, tags=tags,
-                                              reference=dvc.reference(paths.WARMSTART_MODEL),
-                                              log_weights=params.tracking.log_weights)
+    version = tracking.find_model_version(params.tracking.registered_model,
+                                          {"iteration": "0", "model.fingerprint": evaluation["model_version"]})
+    if version is None:
+        version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.warmstart_model,
+                                                  registered_model=params.tracking.registered_model, tags=tags,
+                                                  reference=dvc.reference(paths.WARMSTART_MODEL),
+                                                  log_weights=params.tracking.log_weights)
     tracking.set_alias(params.tracking.registered_model, "champion", version)
     return version
 
@@ -176,17 +213,24 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     gate = read_json(ws.gate)
     train = read_json(ws.metrics("train"))
     not_trained = None if train.get("trained", True) else (train.get("untrained_reason") or "it trained 0 steps")
-    experiment = f"iter-{iteration:03d}-{gate['candidate']['model_version'][:8]}"
-    exp_rev = dvc.exp_save(experiment) if params.versioning.save_experiments else ""
+    candidate = gate["candidate"]["model_version"]
+    experiment = f"iter-{iteration:03d}-{candidate[:8]}"
+    # Each part below is keyed by the iteration and the candidate, and a part already done is found
+    # in its store rather than done again: a run killed anywhere in here is finished by the next one.
+    exp_rev = _save_experiment(dvc, experiment) if params.versioning.save_experiments else ""
 
     rewards = [row["reward"] for row in read_jsonl(ws.graded)]
     batch_tags = {f"dvc.{name}": hashes.get(relative, "") for name, relative, _ in BATCH_DATASETS}
-    artifacts = [ws.gate, ws.evaluation, ws.validation_report, ws.validation_dir / "docs"]
-    run_id = tracking.log_iteration(
+    # The batch's Data Docs stay in DVC (data/batch/validation, in the experiment): logged with every
+    # run, their 4 MB of identical static files were most of the MLflow store's growth (benchmarks/
+    # soak.py). A failed validation logs them (record_failure), where a person will open them.
+    artifacts = [ws.gate, ws.evaluation, ws.validation_report]
+    key = {**run_key(ws, iteration, "iteration"), "closedloop.candidate": candidate}
+    logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
+    run_id = logged[0] if logged else tracking.log_iteration(
         iteration=iteration, run_name=f"iteration-{iteration:03d}", params=params.model_dump(mode="json"),
         metrics=stage_metrics(ws, ITERATION_STAGES), rewards=rewards,
-        tags={"closedloop.iteration": str(iteration), "closedloop.kind": "iteration",
-              "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "promoted": str(gate["promote"]).lower(),
+        tags={**key, "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "promoted": str(gate["promote"]).lower(),
               **({"closedloop.not_trained": not_trained} if not_trained else {}), **batch_tags},
         datasets=_datasets(ws, hashes), artifacts=[a for a in artifacts if a.exists()],
         stage_seconds=stage_seconds,
@@ -205,10 +249,14 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     registered = params.tracking.registered_model
     version = None
     if not not_trained:
-        version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.candidate,
-                                                  registered_model=registered, tags=tags,
-                                                  reference=dvc.reference(paths.CANDIDATE),
-                                                  log_weights=params.tracking.log_weights)
+        version = tracking.find_model_version(registered, {"iteration": str(iteration),
+                                                           "model.fingerprint": candidate})
+        if version is None:
+            version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.candidate,
+                                                      registered_model=registered, tags=tags,
+                                                      reference=dvc.reference(paths.CANDIDATE),
+                                                      log_weights=params.tracking.log_weights)
+            fault_point("version:register")  # tests kill a run here: registered, no alias moved
         tracking.set_alias(registered, "challenger", version)
         if gate["promote"]:
             tracking.set_alias(registered, "champion", version)
@@ -221,16 +269,99 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     }
 
 
-def record_failure(ws: Workspace, params: Params, stage: str, error: BaseException) -> str:
-    """Log a failed iteration (for example a batch that failed validation); registers nothing."""
+def _save_experiment(dvc: DvcWorkspace, experiment: str) -> str:
+    """The experiment's commit: saved now, or found where a killed run saved it already."""
+    if experiment in dvc.experiments():
+        return dvc.experiment_rev(experiment)
+    if armed("version:exp-save"):  # tests kill a run while `dvc exp save` is at work
+        import threading
+
+        threading.Timer(fault_delay_s(), kill_now).start()
+    return dvc.exp_save(experiment)
+
+
+def run_key(ws: Workspace, iteration: int, kind: str) -> dict[str, str]:
+    """The tags that name an iteration's MLflow run: a rerun finds it by them."""
+    return {"closedloop.iteration": str(iteration), "closedloop.kind": kind, "closedloop.workspace": str(ws.root)}
+
+
+def end_interrupted_runs(ws: Workspace, params: Params) -> list[str]:
+    """End as KILLED the runs of this workspace a killed process left RUNNING (we hold the lock)."""
     tracking = _tracking(ws, params)
+    return tracking.end_interrupted_runs(params.tracking.experiment, {"closedloop.workspace": str(ws.root)},
+                                         "its process ended before the run did; a later run resumed the iteration")
+
+
+def preflight(ws: Workspace, params: Params, warm_start: bool = False) -> list[str]:
+    """Before the first stage: clean the git state a killed `dvc exp save` left, check that what the
+    iteration reads is present and intact (repairing it from the remote where possible; see
+    lineage/preflight.py), and end the MLflow runs killed processes left RUNNING. Returns (and
+    prints) what it did; raises PreflightError naming every problem it could not repair."""
+    notes = [f"cleaned after an interrupted `dvc exp save`: {what}"
+             for what in DvcWorkspace(ws.root).clean_interrupted_git_state()]
+    if not warm_start:
+        from closedloop.lineage.preflight import preflight as check
+
+        notes += check(ws.root, params)
+    ended = end_interrupted_runs(ws, params)
+    if ended:
+        notes.append(f"ended {len(ended)} MLflow run(s) a killed run left RUNNING as KILLED: {', '.join(ended)}")
+    for note in notes:
+        say(f"closedloop: {note}")
+    return notes
+
+
+def stage_done(ws: Workspace, stage: str) -> bool:
+    """DVC's own verdict: the stage's recorded deps, params and outs all match the workspace."""
+    done = DvcWorkspace(ws.root).stage_up_to_date(stage)
+    if done:
+        from closedloop.progress import stage_completed
+
+        stage_completed(ws.root, stage, {})
+    return done
+
+
+def note_stage(ws: Workspace, stage: str, done: bool) -> None:
+    """The progress record follows the stages: which one runs, and each one's recorded outputs."""
+    from closedloop.pipeline import stage_spec
+    from closedloop.progress import stage_completed, update_progress
+
+    if not done:
+        update_progress(ws.root, stage=stage)
+        return
+    hashes = DvcWorkspace(ws.root).lock_hashes()
+    stage_completed(ws.root, stage, {out: hashes.get(out, "") for out in stage_spec(stage).outs})
+
+
+def finish_iteration(ws: Workspace) -> None:
+    from closedloop.progress import update_progress
+
+    update_progress(ws.root, state="done", stage=None, reason=None)
+
+
+def record_failure(ws: Workspace, params: Params, stage: str, error: BaseException | str,
+                   state: str = "failed") -> str:
+    """Log an iteration that stopped (a batch that failed validation, a stage that raised, a run
+    cancelled or crashed) and mark it so in the progress record; registers nothing.
+
+    ``state`` is ``failed`` (run status FAILED) or ``cancelled`` / ``crashed`` (KILLED). The next
+    ``closedloop run`` resumes it, unless validation refused the batch (closedloop.progress)."""
+    from closedloop.progress import update_progress
+
+    update_progress(ws.root, state=state, stage=stage, reason=str(error)[:4000])
+    try:
+        tracking = _tracking(ws, params)
+    except Exception as failure:  # the store itself may be what failed: the original error matters more
+        say(f"closedloop: warning: could not record the {state} iteration in MLflow: {failure}")
+        return ""
     artifacts = [p for p in (ws.validation_report, ws.validation_dir / "docs") if stage == "validate" and p.exists()]
     return tracking.log_iteration(
-        iteration=params.loop.iteration, run_name=f"iteration-{params.loop.iteration:03d}-failed",
+        iteration=params.loop.iteration, run_name=f"iteration-{params.loop.iteration:03d}-{state}",
         params=params.model_dump(mode="json"), metrics={},
-        tags={"closedloop.iteration": str(params.loop.iteration), "closedloop.kind": "iteration",
+        tags={**run_key(ws, params.loop.iteration, "iteration"), "closedloop.state": state,
               "closedloop.failed_stage": stage, "closedloop.error": str(error)[:4000]},
-        rewards=[], datasets=[], artifacts=artifacts, stage_seconds={}, status="FAILED",
+        rewards=[], datasets=[], artifacts=artifacts, stage_seconds={},
+        status="FAILED" if state == "failed" else "KILLED",
     )
 
 

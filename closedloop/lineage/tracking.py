@@ -212,6 +212,9 @@ def log_iteration(
         # the untruncated, nested original (default=str: paths and enums in params stay loggable)
         mlflow.log_text(json.dumps(params, indent=2, default=str), "params/params.json")
         _log_metric_batch(client, run_id, all_metrics)
+        from closedloop.faults import fault_point
+
+        fault_point("version:mlflow-log")  # tests kill a run here: the MLflow run open, half logged
         for ds in datasets:
             with warnings.catch_warnings():
                 # MLflow registers two local-file source classes under one name and warns that a
@@ -390,6 +393,47 @@ def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
 
 def log_metrics(run_id: str, metrics: Mapping[str, float]) -> None:
     _log_metric_batch(_mlflow().MlflowClient(), run_id, metrics)
+
+
+def _quoted(value: str) -> str:
+    return "'" + str(value).replace("'", "\\'") + "'"
+
+
+def find_runs(experiment: str, tags: Mapping[str, str], status: str | None = None) -> list[str]:
+    """Run ids of ``experiment`` carrying every tag in ``tags`` (and in ``status``), newest first."""
+    client = _mlflow().MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    clauses = [f"tags.`{key}` = {_quoted(value)}" for key, value in tags.items()]
+    if status:
+        clauses.append(f"attributes.status = {_quoted(status)}")
+    runs = client.search_runs([found.experiment_id], filter_string=" and ".join(clauses),
+                              order_by=["attributes.start_time DESC"])
+    return [run.info.run_id for run in runs]
+
+
+def end_interrupted_runs(experiment: str, tags: Mapping[str, str], reason: str) -> list[str]:
+    """End as KILLED every RUNNING run of ``experiment`` with ``tags``: its process died mid-logging
+    (the caller holds the workspace lock, so no live process is logging to it). Returns their ids."""
+    client = _mlflow().MlflowClient()
+    ended = find_runs(experiment, tags, status="RUNNING")
+    for run_id in ended:
+        client.set_tag(run_id, "closedloop.interrupted", reason[:4000])
+        client.set_terminated(run_id, status="KILLED")
+    return ended
+
+
+def find_model_version(registered_model: str, tags: Mapping[str, str]) -> str | None:
+    """The newest version of ``registered_model`` whose tags include ``tags``; None if there is none."""
+    mlflow = _mlflow()
+    client = mlflow.MlflowClient()
+    try:
+        versions = client.search_model_versions(f"name = {_quoted(registered_model)}")
+    except mlflow.exceptions.MlflowException:
+        return None
+    matching = [v for v in versions if all(v.tags.get(key) == str(value) for key, value in tags.items())]
+    return str(max(int(v.version) for v in matching)) if matching else None
 
 
 def recent_iterations(experiment: str, limit: int = 10) -> list[dict[str, Any]]:

@@ -151,9 +151,18 @@ def replay_positives(ctx: StageContext, current: list[dict]) -> tuple[list[dict]
     batches = {}
     for version in replay.versions:
         try:
-            batches[version] = [json.loads(line) for line in dvc.read_at(TRAIN_SET, version).splitlines() if line]
+            text = dvc.read_at(TRAIN_SET, version)
         except DvcError as error:
             raise StageError(f"train.replay.versions: {error}") from None
+        batches[version] = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                batches[version].append(json.loads(line))
+            except ValueError as error:
+                raise StageError(f"train.replay.versions: experiment {version!r}, {TRAIN_SET}:{number}: not valid "
+                                 f"JSON ({error})") from None
     return select_replay(current, batches, replay.max_fraction)
 
 

@@ -198,5 +198,14 @@ def test_replay_reads_an_earlier_batch_through_dvc_and_the_loop_names_it(looped,
     (copy / TRAIN_SET).write_text('{"source": "positive", "prompt": "changed", "completion": "since"}\n')
     assert DvcWorkspace(copy).read_at(TRAIN_SET, experiment) == saved
     params = load_params(copy)
-    nxt = begin_iteration(Workspace.at(copy), params, params)
+    nxt, _ = begin_iteration(Workspace.at(copy), params, params)
     assert nxt.train.replay.versions == [experiment] and load_params(copy).train.replay.versions == [experiment]
+
+
+def test_a_passing_batch_logs_its_validation_report_not_its_data_docs(looped):
+    """The Data Docs (4 MB of static files, the same every iteration) stay in DVC; the report is logged."""
+    root, result = looped
+    client, _ = _registry(root)
+    reports = [a.path for a in client.list_artifacts(result["iterations"][0]["run_id"], "reports")]
+    assert "reports/report.json" in reports and "reports/gate.json" in reports
+    assert not any(path.startswith("reports/docs") for path in reports)
