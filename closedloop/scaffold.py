@@ -28,7 +28,8 @@ class WorkspaceError(RuntimeError):
 
 
 def init_workspace(root: Path | str) -> Path:
-    from closedloop.lineage.dvc import DvcWorkspace, _git_identity_env
+    from closedloop.lineage.dvc import DvcWorkspace
+    from closedloop.lineage.gitstate import git_identity_env
 
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -46,7 +47,7 @@ def init_workspace(root: Path | str) -> Path:
         block = GITIGNORE if missing == entries else "# closedloop\n" + "\n".join(missing) + "\n"
         gitignore.write_text(existing + ("\n" if existing and not existing.endswith("\n") else "") + block)
     DvcWorkspace(root).init()
-    env = _git_identity_env(root)
+    env = git_identity_env(root)
     has_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode == 0
     if not has_head:
         # DVC experiments are saved relative to a commit, so a new repository gets a first one.

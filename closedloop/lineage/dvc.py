@@ -34,14 +34,27 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from closedloop.lineage.gitstate import (  # noqa: F401  (re-exported: callers import them from here)
+    DvcError,
+    git as _git,
+    git_identity_env as _git_identity_env,
+    record_git_state as _git_state,
+    git_toplevel as _git_toplevel,
+    git_try as _git_try,
+    inside_git as _inside_git,
+    read_record as _read_json,
+    remove_stale_git_locks as _remove_stale_git_locks,
+    restore_git_state as _restore_git_state,
+    wait_for_exit as _wait_for_exit,
+    write_record as _write_json,
+)
 
 DEFAULT_REMOTE = "local"
 # <workspace>/.dvc-remote, stored relative to .dvc/ (as "../.dvc-remote") so the workspace can move
@@ -65,10 +78,6 @@ REPRO_ARGS = ".dvc/tmp/repro.dat"  # DVC's packed arguments, `git add -f`-ed whi
 #   ``add``/``commit`` replace such a file by a link to the cached object.
 # - symlink: the cache lives on another file system.
 LINK_CACHE_TYPES = {"reflink": "reflink,copy", "hardlink": "hardlink,symlink", "symlink": "symlink"}
-
-
-class DvcError(RuntimeError):
-    pass
 
 
 logger = logging.getLogger(__name__)
@@ -681,183 +690,20 @@ def _run_dvc(root: Path, args, on_start=None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-# -- after a killed `dvc exp save` ---------------------------------------------------------------
-def _git_state(root: Path, keep: list[str]) -> dict[str, Any]:
-    """What clean_interrupted_git_state needs to put the git state back as it was before a save: HEAD,
-    the top of `git stash`, the index (as a tree) and the files (a tree of the tracked files and of
-    ``keep``, the untracked files the save includes, as they are now)."""
-    return {
-        "head_ref": _git_try(root, "symbolic-ref", "-q", "HEAD"),  # None: HEAD was detached
-        "head": _git_try(root, "rev-parse", "-q", "--verify", "HEAD"),
-        "stash": _git_try(root, "rev-parse", "-q", "--verify", "refs/stash"),
-        "index": _git_try(root, "write-tree"),  # None with unmerged paths: the index is then left as it is
-        "files": _snapshot(root, keep),
-        "pid": None,
-        "started": time.time(),
-    }
 
 
-def _scratch_index(root: Path) -> dict[str, str]:
-    """git's environment with an index of our own, so the user's index is never touched."""
-    return {**_git_identity_env(root), "GIT_INDEX_FILE": str(root / ".dvc" / "tmp" / "closedloop-scratch.index")}
 
 
-def _snapshot(root: Path, keep: list[str]) -> str | None:
-    """A git tree of the tracked files and ``keep`` as they are in the workspace, written to git's
-    object store through a scratch index (a copy of the real one, for its stat cache: unchanged files
-    are not hashed again). A few ms for a workspace's small git-tracked files."""
-    env = _scratch_index(root)
-    scratch = Path(env["GIT_INDEX_FILE"])
-    real = root / _git(root, "rev-parse", "--git-path", "index").strip()
-    try:
-        if real.exists():
-            shutil.copyfile(real, scratch)
-        steps = [["add", "-u", "--", "."]] + ([["add", "-f", "--", *keep]] if keep else []) + [["write-tree"]]
-        for step in steps:
-            result = subprocess.run(["git", *step], cwd=root, env=env, capture_output=True, text=True)
-            if result.returncode:
-                return None
-        return result.stdout.strip()
-    finally:
-        scratch.unlink(missing_ok=True)
 
 
-def _restore_git_state(root: Path, record: dict[str, Any] | None) -> list[str]:
-    """HEAD, the files and the index as ``record`` says they were before the save, and `git stash`
-    without the entries the save pushed."""
-    head_ref = _git_try(root, "symbolic-ref", "-q", "HEAD")
-    head = _git_try(root, "rev-parse", "-q", "--verify", "HEAD")
-    if head is None:
-        return []  # no commit yet: no save can have begun
-    if record is None or not record.get("head"):
-        if head_ref is None:
-            branch = _reflog_branch(root)
-            raise DvcError(
-                f"{root}: HEAD is detached at {head[:7]} and DVC's refs show a `dvc exp save` that was killed "
-                "midway, one closedloop has no record of. Put it back by hand: `git checkout "
-                f"{branch or '<your branch>'}`, then, if `git stash list` shows a 'WIP on' entry that save made, "
-                "`git stash pop --index`; then run again")
-        return []
-    done: list[str] = []
-    before = record["head"]
-    if head_ref is None:
-        if record.get("head_ref"):
-            tip = _git_try(root, "rev-parse", "-q", "--verify", record["head_ref"])
-            if tip != before:
-                raise DvcError(f"{root}: HEAD is detached at {head[:7]} after a killed `dvc exp save`, and "
-                               f"{record['head_ref']} has moved since ({before[:7]} → {str(tip)[:7]}): "
-                               f"check out the branch you want by hand, then run again")
-            _git(root, "symbolic-ref", "-m", "closedloop: HEAD back after a killed dvc exp save", "HEAD",
-                 record["head_ref"])
-            done.append(f"reattached HEAD to {record['head_ref'].removeprefix('refs/heads/')} "
-                        f"(the save left it detached at {head[:7]})")
-        elif head != before:
-            _git(root, "update-ref", "--no-deref", "HEAD", before)
-            done.append(f"moved the detached HEAD back to {before[:7]} (the save left it at {head[:7]})")
-    if _git(root, "rev-parse", "HEAD").strip() != before:
-        return done  # someone committed since: the recorded files and index no longer apply
-    # The one entry the save pushed onto `git stash`: DVC's stash of the workspace ("WIP on <branch>"),
-    # or scmrepo's temporary copy of EXEC_MERGE ("dvc-exp:...", it applies a stash commit that way).
-    # The files come back from the record below, so the entry is a copy: dropped.
-    top = _git_try(root, "rev-parse", "-q", "--verify", "refs/stash")
-    if (top and top != record.get("stash")
-            and _git_try(root, "rev-parse", "-q", "--verify", "refs/stash@{1}") == record.get("stash")
-            and _git_try(root, "rev-parse", f"{top}^1") == before):
-        message = _git(root, "log", "-1", "--format=%s", top).strip()
-        if message.startswith(("WIP on ", "dvc-exp:")):
-            _git(root, "stash", "drop", "-q")
-            done.append(f"dropped the git stash entry the save made ({message!r}; its files are put back from "
-                        "closedloop's record)")
-    if record.get("files"):
-        done += _restore_files(root, record["files"], before)
-    index = record.get("index") or before
-    if _git_try(root, "write-tree") != index:
-        _git(root, "read-tree", index)
-        done.append("restored the index (what was staged) as it was before the save")
-    _git_try(root, "update-index", "-q", "--refresh")
-    return done
 
 
-def _restore_files(root: Path, files: str, head: str) -> list[str]:
-    """The workspace's tracked files (and the untracked ones the save included) as the tree ``files``
-    holds them: the save may have reset them, stashed them or been killed while writing one."""
-    env = _scratch_index(root)
-    scratch = Path(env["GIT_INDEX_FILE"])
-
-    def git(*args: str, check: bool = True) -> str:
-        result = subprocess.run(["git", *args], cwd=root, env=env, capture_output=True, text=True)
-        if check and result.returncode:
-            raise DvcError(f"git {' '.join(args)} failed in {root}: {result.stderr.strip()}")
-        return result.stdout
-
-    done = []
-    try:
-        git("read-tree", files)
-        git("update-index", "-q", "--refresh", check=False)  # stat the files; what differs stays listed
-        differ = [name for name in git("diff-files", "--name-only", "--relative", "-z").split("\0") if name]
-        if differ:
-            git("checkout-index", "-f", "--", *differ)
-            done.append(f"put back {', '.join(differ)} as before the save (it had reset, stashed or cut them short)")
-        gone = [name for name in git("diff", "--name-only", "--relative", "-z", "--diff-filter=D", head, files)
-                .split("\0") if name and (root / name).exists()]
-        for name in gone:
-            (root / name).unlink()
-        if gone:
-            done.append(f"removed {', '.join(gone)} again (deleted before the save; the save had brought them back)")
-    finally:
-        scratch.unlink(missing_ok=True)
-    return done
 
 
-def _remove_stale_git_locks(root: Path, since: float | None) -> list[str]:
-    """The ``*.lock`` files a killed git writer leaves (a ref, the index, HEAD: git and DVC then fail
-    with "File exists" until they go). With a record of the killed save, those made since it started
-    go; without one, only those in DVC's own refs/exps/, and only once a minute old."""
-    gitdir = Path(_git(root, "rev-parse", "--absolute-git-dir").strip())
-    locks = [gitdir / name for name in ("index.lock", "HEAD.lock", "packed-refs.lock", "refs/stash.lock")]
-    locks += sorted((gitdir / "refs" / "exps").rglob("*.lock"))
-    done = []
-    for lock in locks:
-        try:
-            age = time.time() - lock.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        dvcs = lock.is_relative_to(gitdir / "refs" / "exps")
-        if (since is not None and lock.stat().st_mtime >= since - 1.0) or (since is None and dvcs and age > 60):
-            lock.unlink(missing_ok=True)
-            done.append(f"removed {lock.relative_to(gitdir.parent) if gitdir.parent in lock.parents else lock} "
-                        f"(a git lock file the killed process left, {age:.0f} s old)")
-    return done
 
 
-def _reflog_branch(root: Path) -> str | None:
-    """The branch the last `checkout: moving from <branch> to ...` left, for a hint."""
-    import re
-
-    for line in (_git_try(root, "log", "-g", "-n", "50", "--format=%gs", "HEAD") or "").splitlines():
-        match = re.match(r"checkout: moving from (\S+) to ", line)
-        if match:
-            return match.group(1)
-    return None
 
 
-def _wait_for_exit(pid: int, root: Path, timeout_s: float = 120.0) -> list[str]:
-    """A `dvc exp save` whose parent was killed runs on; let it end before anything is cleaned."""
-    import psutil
-
-    started = time.monotonic()
-    try:
-        process = psutil.Process(pid)
-        if "dvc" not in " ".join(process.cmdline()):
-            return []  # the pid now belongs to another program: the save is long gone
-        process.wait(timeout=timeout_s)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return []
-    except psutil.TimeoutExpired:
-        raise DvcError(f"{root}: a `dvc exp save` (pid {pid}) started by an earlier run is still running after "
-                       f"{timeout_s:.0f} s; wait for it to end (or end it), then run again") from None
-    return [f"waited {time.monotonic() - started:.1f} s for the `dvc exp save` (pid {pid}) a killed run left "
-            "running to end"]
 
 
 def _release_dead_rwlocks(root: Path) -> list[str]:
@@ -913,18 +759,8 @@ def _release_dead_rwlocks(root: Path) -> list[str]:
     return done
 
 
-def _write_json(path: Path, data: Any) -> None:
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(json.dumps(data))
-    os.replace(staging, path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _is_iteration_state(path: str) -> bool:
@@ -936,42 +772,11 @@ def _is_iteration_state(path: str) -> bool:
     )
 
 
-def _git(root: Path, *args: str) -> str:
-    result = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=_git_identity_env(root))
-    if result.returncode:
-        raise DvcError(f"git {' '.join(args)} failed in {root}: {result.stderr.strip()}")
-    return result.stdout
 
 
-def _git_try(root: Path, *args: str, strip: bool = True) -> str | None:
-    """git's output, or None where it fails (a ref that does not exist, a path not at that commit)."""
-    result = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, env=_git_identity_env(root))
-    if result.returncode:
-        return None
-    return result.stdout.strip() if strip else result.stdout
 
 
-def _inside_git(root: Path) -> bool:
-    return subprocess.run(["git", "rev-parse", "--git-dir"], cwd=root, capture_output=True).returncode == 0
 
 
-def _git_toplevel(root: Path) -> Path:
-    out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True)
-    return Path(out.stdout.strip()).resolve()
 
 
-def _git_identity_env(root: Path) -> dict[str, str]:
-    """Experiment commits need an identity; fresh machines and CI often have none (STACK_NOTES).
-    Use the user's when set, a neutral one otherwise — never written into their git config.
-    The interpreter's bin directory leads PATH so `dvc repro` finds this `closedloop`."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # Each `dvc` command would otherwise start a detached analytics daemon that posts to dvc.org (no
-    # network here) and leaves a file in the temp directory (benchmarks/soak.py counted one per iteration).
-    env.setdefault("DVC_NO_ANALYTICS", "1")
-    probe = subprocess.run(["git", "config", "user.email"], cwd=root, capture_output=True, text=True)
-    if not probe.stdout.strip():
-        for role in ("AUTHOR", "COMMITTER"):
-            env.setdefault(f"GIT_{role}_NAME", "closedloop")
-            env.setdefault(f"GIT_{role}_EMAIL", "closedloop@localhost")
-    return env
