@@ -163,7 +163,11 @@ def test_deployments_expose_params_as_a_form(prefect_api, tmp_path):
         async with get_client() as client:
             return await client.read_deployment(deployment_id)
 
-    schema = asyncio.run(read()).parameter_openapi_schema
+    applied = asyncio.run(read())
+    # two clicks on "Run" queue the second run rather than run both at once
+    limit = applied.global_concurrency_limit.limit if applied.global_concurrency_limit else applied.concurrency_limit
+    assert limit == 1 and applied.concurrency_options.collision_strategy.value == "ENQUEUE"
+    schema = applied.parameter_openapi_schema
     assert {"params", "workspace"} <= set(schema["properties"])
     definitions = schema.get("definitions") or schema.get("$defs")
     assert "k" in definitions["SampleParams"]["properties"]
