@@ -60,6 +60,15 @@ def preflight(root: Path, params) -> list[str]:
     return check.notes
 
 
+def check_tracking_store(root: Path, params) -> list[str]:
+    """The tracking-store check alone (the warm start has nothing else to check yet)."""
+    problems: list[str] = []
+    _check_tracking(Path(root).resolve(), params, problems)
+    if problems:
+        raise PreflightError(f"pre-flight: {problems[0]}")
+    return []
+
+
 def _check_tracking(root: Path, params, problems: list[str]) -> None:
     from closedloop.lineage import tracking
 

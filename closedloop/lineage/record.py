@@ -299,10 +299,11 @@ def preflight(ws: Workspace, params: Params, warm_start: bool = False) -> list[s
     prints) what it did; raises PreflightError naming every problem it could not repair."""
     notes = [f"cleaned after an interrupted `dvc exp save`: {what}"
              for what in DvcWorkspace(ws.root).clean_interrupted_git_state()]
-    if not warm_start:
-        from closedloop.lineage.preflight import preflight as check
+    from closedloop.lineage.preflight import check_tracking_store
+    from closedloop.lineage.preflight import preflight as check
 
-        notes += check(ws.root, params)
+    # The warm start has no benchmark or champion yet to check, but records into the same store.
+    notes += check_tracking_store(ws.root, params) if warm_start else check(ws.root, params)
     ended = end_interrupted_runs(ws, params)
     if ended:
         notes.append(f"ended {len(ended)} MLflow run(s) a killed run left RUNNING as KILLED: {', '.join(ended)}")
@@ -350,6 +351,10 @@ def record_failure(ws: Workspace, params: Params, stage: str, error: BaseExcepti
 
     update_progress(ws.root, state=state, stage=stage, reason=str(error)[:4000])
     try:
+        from closedloop.lineage import tracking as store
+
+        # an unreachable server would cost MLflow's retries (minutes) before this fails anyway
+        store.check_store(ws.root, params.tracking.uri, timeout_s=5.0)
         tracking = _tracking(ws, params)
     except Exception as failure:  # the store itself may be what failed: the original error matters more
         say(f"closedloop: warning: could not record the {state} iteration in MLflow: {failure}")

@@ -145,3 +145,39 @@ def test_a_second_run_is_refused_naming_the_holder_or_queues_with_wait(reference
     assert [iteration for iteration, _ in after["versions"]].count("2") <= 1
     assert [iteration for iteration, _ in after["versions"]].count("3") <= 1
     assert not after["running_runs"]
+
+
+def test_a_deleted_benchmark_file_is_named_before_any_stage_and_the_run_resumes_once_restored(reference):
+    root = reference
+    n = yaml.safe_load((root / "params.yaml").read_text())["loop"]["iteration"] + 1
+    benchmark = root / "data/benchmark/tasks.jsonl"
+    benchmark.unlink()
+    started = time.monotonic()
+    code, out, err = finish(start_run(root))
+    assert code == 1 and "data/benchmark/tasks.jsonl" in err and "pre-flight" in err, err[-3000:]
+    assert time.monotonic() - started < 120  # before any stage, not after a whole iteration
+    progress = json.loads((root / ".closedloop/iteration.json").read_text())
+    assert progress["iteration"] == n and progress["stage"] == "preflight" and not progress["completed"]
+    cli("dvc", "checkout", "data/benchmark/tasks.jsonl", cwd=root)
+    code, out, err = finish(start_run(root))
+    assert code == 0 and f"resuming iteration {n}" in err and f"iteration {n} " in out, out + err[-3000:]
+
+
+def test_an_unreachable_tracking_store_fails_before_any_work_naming_the_uri(reference):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    root = reference
+    n = yaml.safe_load((root / "params.yaml").read_text())["loop"]["iteration"] + 1
+    env_run = subprocess.run([str(BIN / "closedloop"), "run", "-n", "1", "--no-progress"], cwd=root,
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                                  "MLFLOW_TRACKING_URI": uri})
+    assert env_run.returncode == 1 and uri in env_run.stderr and "MLFLOW_TRACKING_URI" in env_run.stderr, \
+        env_run.stderr[-3000:]
+    # the iteration begun and stopped before any stage: the number the next run resumes
+    assert yaml.safe_load((root / "params.yaml").read_text())["loop"]["iteration"] == n
+    assert json.loads((root / ".closedloop/iteration.json").read_text())["completed"] == {}
