@@ -147,7 +147,9 @@ def prefect_defaults(root: Path) -> None:
     PREFECT_API_URL (a real server) or an explicit database URL is left as it is."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_S))
     if not os.environ.get("PREFECT_API_URL"):
-        (root / ".closedloop").mkdir(exist_ok=True)
+        from closedloop.runlock import local_state_dir
+
+        local_state_dir(root)
         os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL",
                               f"sqlite+aiosqlite:///{root / '.closedloop' / 'prefect.db'}")
 

@@ -37,6 +37,17 @@ _held: dict[Path, list] = {}  # workspace -> [file descriptor, depth]
 _guard = threading.Lock()
 
 
+def local_state_dir(root: Path) -> Path:
+    """``.closedloop/``: this machine's state of a run (lock, progress, Prefect's database). It ignores
+    itself in git, so a workspace made before closedloop kept it there stays clean in `git status`."""
+    directory = Path(root).resolve() / ".closedloop"
+    directory.mkdir(parents=True, exist_ok=True)
+    ignore = directory / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# local run state, not versioned (closedloop/runlock.py)\n*\n")
+    return directory
+
+
 def lock_path(root: Path) -> Path:
     return Path(root).resolve() / LOCK_FILE
 
@@ -171,7 +182,7 @@ def holds(root: Path | str) -> bool:
 
 def _acquire(root: Path, *, wait: bool, poll_s: float, say: Callable[[str], None]) -> int:
     path = lock_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    local_state_dir(root)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     announced = False
     try:
