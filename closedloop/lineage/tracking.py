@@ -421,6 +421,9 @@ def end_interrupted_runs(experiment: str, tags: Mapping[str, str], reason: str) 
     for run_id in ended:
         client.set_tag(run_id, "closedloop.interrupted", reason[:4000])
         client.set_terminated(run_id, status="KILLED")
+        # renamed, so the runs table does not show two runs of one name, one finished and one not
+        name = client.get_run(run_id).info.run_name or run_id
+        client.update_run(run_id, name=f"{name}-interrupted")
     return ended
 
 
