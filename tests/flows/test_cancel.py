@@ -10,14 +10,11 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.e2e.test_cli_loop import BIN, cli
-from tests.e2e.test_resume import make_workspace, start_run, finish
+from tests.e2e.test_resume import finish, make_workspace, start_run
 
 REPO = Path(__file__).resolve().parents[2]
 
