@@ -126,6 +126,10 @@ def cmd_stage(args) -> int:
 
     # `dvc repro` runs this once per stage; a closedloop run beside it would mix their outputs.
     with workspace_lock(args.workspace, command=f"closedloop stage {args.name}"):
+        from closedloop.lineage.record import recover_git_state
+        from closedloop.workspace import Workspace
+
+        recover_git_state(Workspace.at(args.workspace))
         metrics = run_stage(args.name, args.workspace, progress=sys.stderr.isatty())
     print(json.dumps(metrics, sort_keys=True))
     return 0
@@ -154,18 +158,29 @@ def prefect_defaults(root: Path) -> None:
                               f"sqlite+aiosqlite:///{root / '.closedloop' / 'prefect.db'}")
 
 
+def interrupted_exp_save(root: Path) -> bool:
+    """A `dvc exp save` that closedloop started and that never ended (see lineage/dvc.py exp_save)."""
+    return (root / ".dvc" / "tmp" / "closedloop-exp-save.json").exists()
+
+
 def cmd_run(args) -> int:
     from closedloop.config import load_params
     from closedloop.runlock import workspace_lock
     from closedloop.scaffold import require_workspace
 
     root = require_workspace(args.workspace)
-    load_params(root)  # fail on a bad params.yaml before anything starts or is written
+    if not interrupted_exp_save(root):  # then params.yaml may be cut short until the lock's holder cleans up
+        load_params(root)  # fail on a bad params.yaml before anything starts or is written
     if args.iterations < 0:
         raise SystemExit("closedloop: error: --iterations must be >= 0")
     quiet_prefect()
     prefect_defaults(root)
     with workspace_lock(root, wait=args.wait, command="closedloop run"):
+        from closedloop.lineage.record import recover_git_state
+        from closedloop.workspace import Workspace
+
+        recover_git_state(Workspace.at(root))  # before anything reads params.yaml
+        load_params(root)
         from flows.loop import closed_loop
 
         try:
@@ -198,7 +213,7 @@ def _retry_with_longer_prefect_start(args) -> int:
     env = {**os.environ, "CLOSEDLOOP_PREFECT_RETRIED": "1",
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(2 * limit)}
     argv = ["run", "--iterations", str(args.iterations), "--workspace", str(args.workspace)]
-    argv += ["--no-progress"] * args.no_progress
+    argv += ["--no-progress"] * args.no_progress + ["--wait"] * args.wait
     import subprocess
 
     return subprocess.call([sys.executable, "-c", "import sys; from closedloop.cli import main; sys.exit(main())",

@@ -23,9 +23,6 @@ from closedloop.io import BatchFileError, read_json, write_json
 
 PROGRESS_FILE = ".closedloop/iteration.json"
 UNFINISHED = ("running", "failed", "cancelled", "crashed")
-# A batch refused by validation is the iteration's verdict, not an accident: running it again reads
-# the same batch and is refused again, so the next run starts a new iteration with fresh tasks.
-TERMINAL_FAILED_STAGES = ("validate",)
 
 
 @dataclass
@@ -38,12 +35,14 @@ class Progress:
     completed: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> {out path: md5}
     reason: str | None = None
     attempts: int = 1  # how many runs have worked on this iteration
-    flow_run_id: str | None = None
+    # A batch refused by validation is the iteration's verdict, not an accident: running it again
+    # reads the same batch and is refused again, so the next run starts a new iteration.
+    final: bool = False
+    flow_run_ids: list[str] = field(default_factory=list)  # the flow run working on it, and its root
+    champion: str | None = None  # the champion's fingerprint, once the iteration closed its loop on it
 
     def resumable(self) -> bool:
-        if self.state not in UNFINISHED:
-            return False
-        return not (self.state == "failed" and self.stage in TERMINAL_FAILED_STAGES)
+        return self.state in UNFINISHED and not self.final
 
 
 def progress_path(root: Path) -> Path:
@@ -57,8 +56,12 @@ def read_progress(root: Path) -> Progress | None:
     try:
         data = read_json(path)
         return Progress(**{key: data[key] for key in Progress.__dataclass_fields__ if key in data})
-    except (BatchFileError, TypeError, KeyError):
-        return None  # unreadable: DVC's stage status still decides what runs again
+    except (BatchFileError, TypeError, KeyError) as error:
+        from closedloop.io import say
+
+        # DVC's stage status still decides what runs again; the iteration number may move on
+        say(f"closedloop: warning: {path} is unreadable ({error}); the next iteration starts afresh")
+        return None
 
 
 def write_progress(root: Path, progress: Progress) -> Progress:

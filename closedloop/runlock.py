@@ -159,21 +159,13 @@ def annotate(root: Path | str, **fields) -> None:
 
 
 def is_held(root: Path | str) -> bool:
-    """Whether some live process holds the workspace now (this one included)."""
+    """Whether a live process holds the workspace now, by its record (taking the flock to look, even
+    shared, would make a concurrent run's attempt fail for a moment)."""
     root = Path(root).resolve()
     if root in _held:
         return True
-    try:
-        fd = os.open(lock_path(root), os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    record = holder(root)
+    return bool(record) and record.get("host") == socket.gethostname() and _alive(int(record.get("pid") or 0))
 
 
 def holds(root: Path | str) -> bool:
@@ -185,6 +177,7 @@ def _acquire(root: Path, *, wait: bool, poll_s: float, say: Callable[[str], None
     local_state_dir(root)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     announced = False
+    patience = time.monotonic() + 2.0
     try:
         while True:
             try:
@@ -192,6 +185,9 @@ def _acquire(root: Path, *, wait: bool, poll_s: float, say: Callable[[str], None
                 break
             except BlockingIOError:
                 record = holder(root) or {}
+                if not record and time.monotonic() < patience:
+                    time.sleep(0.05)  # the holder took the flock a moment ago and is writing its record
+                    continue
                 if not wait:
                     raise WorkspaceBusy(
                         f"the workspace {root} is in use by another run: {describe(record)}. Wait for it to "

@@ -19,7 +19,7 @@ from closedloop.lineage.record import benchmark_rows
 from closedloop.pipeline import ITERATION_STAGES
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
-from flows.hooks import flow_run_id, on_interrupted
+from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
 from tasks import lineage, stages
 
 
@@ -27,18 +27,20 @@ from tasks import lineage, stages
 def iteration_flow(params: Optional[Params] = None, workspace: str = ".", progress: bool = False) -> dict:
     """Sample the champion on fresh tasks, score, grade, validate, train a candidate, gate, promote."""
     with workspace_lock(workspace, wait=True, command="closedloop-iteration flow", flow_run_id=flow_run_id()):
+        lineage.recover_git_state(workspace)  # before anything reads params.yaml
         return _iteration(params, workspace, progress)
 
 
 def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict:
     started = time.perf_counter()
     previous = load_params(workspace)
-    params, record = lineage.begin_iteration(workspace, params or previous, previous, flow_run_id())
+    params, record = lineage.begin_iteration(workspace, params or previous, previous, flow_run_ids())
     resuming = record.attempts > 1
     timing = {"task": {}, "work": {}, "recorded": {}, "skipped": []}
     current = "preflight"
     try:
-        lineage.close_loop(workspace)  # the champion this iteration reads, which preflight then checks
+        # The champion this iteration reads (the one it began with, when resumed), which preflight checks.
+        lineage.close_loop(workspace, record.champion if resuming else None)
         lineage.preflight(workspace, params)  # a missing or corrupt input fails here, before any work
         for current in ITERATION_STAGES:  # validate stops a failing batch here, before training
             if resuming and lineage.stage_done(workspace, current):
@@ -54,7 +56,9 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
             timing["work"][current] = metrics["seconds"]
             timing["recorded"][current] = metrics["recorded_seconds"]
     except Exception as error:
-        lineage.record_failure(workspace, params, current, str(error))
+        from closedloop.stages.validate import BatchValidationError
+
+        lineage.record_failure(workspace, params, current, str(error), final=isinstance(error, BatchValidationError))
         raise
     version_started = time.perf_counter()
     try:

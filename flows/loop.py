@@ -13,7 +13,7 @@ from closedloop.pipeline import WARM_START_STAGES
 from closedloop.progress import Progress, read_progress, write_progress
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
-from flows.hooks import flow_run_id, on_interrupted
+from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
 from flows.iteration import iteration_flow
 from tasks import lineage, stages
 
@@ -29,6 +29,7 @@ def needs_warm_start(workspace: str) -> bool:
 def warm_start_flow(params: Optional[Params] = None, workspace: str = ".", progress: bool = False) -> dict:
     """Iteration 0: the fixed benchmark, the SFT'd base policy, registered as the first champion."""
     with workspace_lock(workspace, wait=True, command="closedloop-warm-start flow", flow_run_id=flow_run_id()):
+        lineage.recover_git_state(workspace)  # before anything reads params.yaml
         params = params or load_params(workspace)
         root = Workspace.at(workspace).root
         record = read_progress(root)
@@ -37,6 +38,7 @@ def warm_start_flow(params: Optional[Params] = None, workspace: str = ".", progr
         else:
             record.attempts += 1
             record.state = "running"
+        record.flow_run_ids = flow_run_ids()
         write_progress(root, record)
         write_params(workspace, params)
         lineage.preflight(workspace, params, warm_start=True)
@@ -67,6 +69,7 @@ def closed_loop(iterations: int = 2, params: Optional[Params] = None, workspace:
 
     An iteration a killed or cancelled run left unfinished is continued first, and counts as one."""
     with workspace_lock(workspace, wait=True, command="closedloop flow", flow_run_id=flow_run_id()):
+        lineage.recover_git_state(workspace)  # before anything reads params.yaml or data/champion.dvc
         params = params or load_params(workspace)
         warm = None
         if needs_warm_start(workspace):

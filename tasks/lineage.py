@@ -11,13 +11,16 @@ from closedloop.workspace import Workspace
 
 
 @task(name="close-loop", persist_result=False, cache_policy=NO_CACHE)
-def close_loop(workspace: str) -> str:
-    return record.close_loop(Workspace.at(workspace))
+def close_loop(workspace: str, closed: str | None = None) -> str:
+    ws = Workspace.at(workspace)
+    champion = record.close_loop(ws, closed)
+    record.closed_loop_on(ws, champion)
+    return champion
 
 
 @task(name="begin-iteration", persist_result=False, cache_policy=NO_CACHE)
-def begin_iteration(workspace: str, params: Params, previous: Params, flow_run_id: str | None = None):
-    return record.begin_iteration(Workspace.at(workspace), params, previous, flow_run_id)
+def begin_iteration(workspace: str, params: Params, previous: Params, flow_run_ids: list[str] | None = None):
+    return record.begin_iteration(Workspace.at(workspace), params, previous, flow_run_ids)
 
 
 @task(name="preflight", persist_result=False, cache_policy=NO_CACHE)
@@ -56,5 +59,10 @@ def version(workspace: str, params: Params, stage_seconds: dict[str, float]) -> 
 
 
 @task(name="record-failure", persist_result=False, cache_policy=NO_CACHE)
-def record_failure(workspace: str, params: Params, stage: str, error: str) -> str:
-    return record.record_failure(Workspace.at(workspace), params, stage, error)
+def record_failure(workspace: str, params: Params, stage: str, error: str, final: bool = False) -> str:
+    return record.record_failure(Workspace.at(workspace), params, stage, error, final=final)
+
+
+# Not a task: it runs before anything else reads the workspace, the moment the lock is held.
+def recover_git_state(workspace: str) -> list[str]:
+    return record.recover_git_state(Workspace.at(workspace))

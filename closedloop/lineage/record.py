@@ -34,20 +34,39 @@ def has_champion(ws: Workspace) -> bool:
     return (ws.root / (paths.CHAMPION + ".dvc")).exists() and ws.champion.exists()
 
 
-def close_loop(ws: Workspace) -> str:
-    """Make the model the last iteration promoted (or the warm start) this iteration's champion input."""
+def close_loop(ws: Workspace, closed: str | None = None) -> str:
+    """Make the model the last iteration promoted (or the warm start) this iteration's champion input;
+    return its fingerprint.
+
+    ``closed`` is the champion an unfinished iteration already closed its loop on (its progress
+    record): resumed after its own promote stage wrote data/models/next_champion, the iteration must
+    keep the champion it started from, not take its own candidate. Otherwise the champion is always
+    recorded again with `dvc add` (cheap when unchanged): a kill between copying it and recording it
+    must not leave a data/champion.dvc that names the previous champion."""
     from closedloop.models.loading import model_fingerprint
 
+    if closed is not None and has_champion(ws) and model_fingerprint(ws.champion) == closed:
+        return closed
     source = ws.next_champion if ws.next_champion.exists() else ws.warmstart_model
     wanted = model_fingerprint(source)
-    if not ws.champion.exists() or model_fingerprint(ws.champion) != wanted or not has_champion(ws):
+    if not ws.champion.exists() or model_fingerprint(ws.champion) != wanted:
         replace_dir(source, ws.champion)
-        DvcWorkspace(ws.root).add(paths.CHAMPION)
+    DvcWorkspace(ws.root).add(paths.CHAMPION)
     return wanted
 
 
+def recover_git_state(ws: Workspace) -> list[str]:
+    """First thing a run does once it holds the lock, before anything reads params.yaml or the
+    progress record: a `dvc exp save` killed midway can leave those files reset or cut short."""
+    notes = [f"cleaned after an interrupted `dvc exp save`: {what}"
+             for what in DvcWorkspace(ws.root).clean_interrupted_git_state()]
+    for note in notes:
+        say(f"closedloop: {note}")
+    return notes
+
+
 def begin_iteration(ws: Workspace, params: Params, previous: Params,
-                    flow_run_id: str | None = None) -> tuple[Params, Progress]:
+                    flow_run_ids: list[str] | None = None) -> tuple[Params, Progress]:
     """The iteration this run works on, written to params.yaml (the stages read it from there).
 
     An iteration a run left unfinished (killed, cancelled, crashed, or failed other than by a refused
@@ -77,7 +96,7 @@ def begin_iteration(ws: Workspace, params: Params, previous: Params,
             shutil.rmtree(stale)
             say(f"closedloop: removed {stale.relative_to(ws.root)}: a checkpoint of an earlier, abandoned "
                 "iteration")
-    progress.flow_run_id = flow_run_id
+    progress.flow_run_ids = list(flow_run_ids or [])
     write_progress(ws.root, progress)
     if nxt.train.replay.last:
         # The batches replayed are the last N iterations' experiments, named in params.yaml so that
@@ -293,17 +312,16 @@ def end_interrupted_runs(ws: Workspace, params: Params) -> list[str]:
 
 
 def preflight(ws: Workspace, params: Params, warm_start: bool = False) -> list[str]:
-    """Before the first stage: clean the git state a killed `dvc exp save` left, check that what the
-    iteration reads is present and intact (repairing it from the remote where possible; see
-    lineage/preflight.py), and end the MLflow runs killed processes left RUNNING. Returns (and
-    prints) what it did; raises PreflightError naming every problem it could not repair."""
-    notes = [f"cleaned after an interrupted `dvc exp save`: {what}"
-             for what in DvcWorkspace(ws.root).clean_interrupted_git_state()]
+    """Before the first stage: check that what the iteration reads is present and intact (repairing
+    it from the remote where possible; see lineage/preflight.py), and end the MLflow runs killed
+    processes left RUNNING. Returns (and prints) what it did; raises PreflightError naming every
+    problem it could not repair. (The git state a killed `dvc exp save` left is cleaned earlier, when
+    the run takes the lock: recover_git_state.)"""
     from closedloop.lineage.preflight import check_tracking_store
     from closedloop.lineage.preflight import preflight as check
 
     # The warm start has no benchmark or champion yet to check, but records into the same store.
-    notes += check_tracking_store(ws.root, params) if warm_start else check(ws.root, params)
+    notes = check_tracking_store(ws.root, params) if warm_start else check(ws.root, params)
     ended = end_interrupted_runs(ws, params)
     if ended:
         notes.append(f"ended {len(ended)} MLflow run(s) a killed run left RUNNING as KILLED: {', '.join(ended)}")
@@ -334,6 +352,13 @@ def note_stage(ws: Workspace, stage: str, done: bool) -> None:
     stage_completed(ws.root, stage, {out: hashes.get(out, "") for out in stage_spec(stage).outs})
 
 
+def closed_loop_on(ws: Workspace, champion: str) -> None:
+    """The progress record keeps the champion the iteration closed its loop on (close_loop's ``closed``)."""
+    from closedloop.progress import update_progress
+
+    update_progress(ws.root, champion=champion)
+
+
 def finish_iteration(ws: Workspace) -> None:
     from closedloop.progress import update_progress
 
@@ -341,33 +366,35 @@ def finish_iteration(ws: Workspace) -> None:
 
 
 def record_failure(ws: Workspace, params: Params, stage: str, error: BaseException | str,
-                   state: str = "failed") -> str:
+                   state: str = "failed", final: bool = False, iteration: int | None = None) -> str:
     """Log an iteration that stopped (a batch that failed validation, a stage that raised, a run
-    cancelled or crashed) and mark it so in the progress record; registers nothing.
+    cancelled or crashed) and mark it so in the progress record; registers nothing. Never raises:
+    the error being recorded is the one that matters.
 
     ``state`` is ``failed`` (run status FAILED) or ``cancelled`` / ``crashed`` (KILLED). The next
-    ``closedloop run`` resumes it, unless validation refused the batch (closedloop.progress)."""
+    ``closedloop run`` resumes it, unless it is ``final`` (validation refused the batch)."""
     from closedloop.progress import update_progress
 
-    update_progress(ws.root, state=state, stage=stage, reason=str(error)[:4000])
+    update_progress(ws.root, state=state, stage=stage, reason=str(error)[:4000], final=final)
+    iteration = params.loop.iteration if iteration is None else iteration
     try:
         from closedloop.lineage import tracking as store
 
         # an unreachable server would cost MLflow's retries (minutes) before this fails anyway
         store.check_store(ws.root, params.tracking.uri, timeout_s=5.0)
         tracking = _tracking(ws, params)
-    except Exception as failure:  # the store itself may be what failed: the original error matters more
-        say(f"closedloop: warning: could not record the {state} iteration in MLflow: {failure}")
+        artifacts = [p for p in (ws.validation_report, ws.validation_dir / "docs") if stage == "validate" and p.exists()]
+        return tracking.log_iteration(
+            iteration=iteration, run_name=f"iteration-{iteration:03d}-{state}",
+            params=params.model_dump(mode="json"), metrics={},
+            tags={**run_key(ws, iteration, "iteration"), "closedloop.state": state,
+                  "closedloop.failed_stage": stage, "closedloop.error": str(error)[:4000]},
+            rewards=[], datasets=[], artifacts=artifacts, stage_seconds={},
+            status="FAILED" if state == "failed" else "KILLED",
+        )
+    except Exception as failure:  # noqa: BLE001
+        say(f"closedloop: warning: could not record the {state} iteration {iteration} in MLflow: {failure}")
         return ""
-    artifacts = [p for p in (ws.validation_report, ws.validation_dir / "docs") if stage == "validate" and p.exists()]
-    return tracking.log_iteration(
-        iteration=params.loop.iteration, run_name=f"iteration-{params.loop.iteration:03d}-{state}",
-        params=params.model_dump(mode="json"), metrics={},
-        tags={**run_key(ws, params.loop.iteration, "iteration"), "closedloop.state": state,
-              "closedloop.failed_stage": stage, "closedloop.error": str(error)[:4000]},
-        rewards=[], datasets=[], artifacts=artifacts, stage_seconds={},
-        status="FAILED" if state == "failed" else "KILLED",
-    )
 
 
 def benchmark_rows(ws: Workspace) -> list[dict[str, Any]]:

@@ -213,3 +213,26 @@ def test_a_passing_batch_logs_its_validation_report_not_its_data_docs(looped):
     reports = [a.path for a in client.list_artifacts(result["iterations"][0]["run_id"], "reports")]
     assert "reports/report.json" in reports and "reports/gate.json" in reports
     assert not any(path.startswith("reports/docs") for path in reports)
+
+
+def test_a_resumed_iteration_keeps_the_champion_it_began_with(looped, tmp_path):
+    """Killed after its own promote stage wrote next_champion, an iteration must not take its own
+    candidate as its champion when resumed; a fresh iteration does take the promoted one."""
+    import shutil
+
+    from closedloop.lineage.record import close_loop
+    from closedloop.models.loading import model_fingerprint
+    from closedloop.workspace import Workspace
+
+    root, _ = looped
+    copy = tmp_path / "ws"
+    shutil.copytree(root, copy, symlinks=True)
+    ws = Workspace.at(copy)
+    began_with = model_fingerprint(ws.champion)
+    shutil.rmtree(ws.next_champion, ignore_errors=True)
+    shutil.copytree(ws.candidate, ws.next_champion)  # what promote writes when the gate promotes
+    promoted = model_fingerprint(ws.next_champion)
+    assert promoted != began_with
+    assert close_loop(ws, closed=began_with) == began_with and model_fingerprint(ws.champion) == began_with
+    assert close_loop(ws) == promoted and model_fingerprint(ws.champion) == promoted  # the next iteration
+    assert DvcWorkspace(copy).status().get("data/champion.dvc") is None  # and recorded in data/champion.dvc
