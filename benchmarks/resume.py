@@ -2,7 +2,7 @@
 `dvc exp save`, DVC's stage status (what resume asks per stage), and a resumed run that finds
 everything done.
 
-Runs the warm start and one iteration on a fresh tiny workspace (the TINY params of benchmarks/soak.py),
+Runs the warm start and one iteration on a fresh tiny workspace (the TINY params of tests/tiny.py),
 then times each check ``--repeat`` times and prints the median and the worst, and the resume overhead
 against the baseline it names: the iteration's own wall time (the check's share of one iteration).
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.soak import TINY  # noqa: E402  (the same tiny workspace as the soak)
+from tests.tiny import TINY  # noqa: E402  (the same tiny workspace as the tests and the soak)
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:

@@ -40,22 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# A self-contained copy of tests/conftest.py's TINY params (keep in step by hand): every environment,
-# a 4-task benchmark each, 10 tasks per iteration, a 2-layer 32-wide policy, 2 training steps.
-TINY = {
-    "project": {"seed": 7},
-    "model": {"builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
-                          "vocab_size": 320, "max_position_embeddings": 512}},
-    "envs": {name: {"benchmark": {"core": 2, "edge": 1, "failure_modes": 1}, **extra}
-             for name, extra in (("code", {"tests_per_task": 4}), ("data", {}), ("script", {}),
-                                 ("extract", {}), ("rules", {}))},
-    "generate": {"n_tasks": 10},
-    "sample": {"k": 2, "max_new_tokens": 24, "batch_size": 16},
-    "reward": {"workers": 2},
-    "warmstart": {"n_references": 16, "steps": 4, "batch_size": 8, "tokenizer_corpus_tasks": 120},
-    "train": {"steps": 2, "batch_size": 8},
-    "evaluate": {"samples_per_task": 1, "batch_size": 16},
-}
+from tests.tiny import TINY  # noqa: E402  (the params the tests run on)
 
 # Where workspace bytes are attributed: a file linked from several places counts in the first.
 PLACES = (

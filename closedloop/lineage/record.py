@@ -334,9 +334,7 @@ def stage_done(ws: Workspace, stage: str) -> bool:
     """DVC's own verdict: the stage's recorded deps, params and outs all match the workspace."""
     done = DvcWorkspace(ws.root).stage_up_to_date(stage)
     if done:
-        from closedloop.progress import stage_completed
-
-        stage_completed(ws.root, stage, {})
+        note_stage(ws, stage, done=True)  # recorded with its output hashes, as a stage that just ran
     return done
 
 
