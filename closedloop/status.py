@@ -57,18 +57,23 @@ def _run_state(root: Path) -> list[str]:
     from closedloop.progress import read_progress
     from closedloop.runlock import describe, holder, is_held
 
+    from closedloop.pipeline import STAGE_NAMES
+
     lines = []
     record = holder(root)
+    held = bool(record) and is_held(root)
     if record:
-        held = is_held(root)
         lines.append(f"running     {describe(record)}" if held else
                      f"lock        stale: {describe(record)} ended without releasing it (the next run takes it over)")
     progress = read_progress(root)
     if progress is not None and progress.state != "done":
         at = f" at {progress.stage}" if progress.stage else ""
-        done = ", ".join(progress.completed) or "no stage"
-        verdict = "`closedloop run` resumes it" if progress.resumable() else "the next run starts a new iteration"
-        lines.append(f"unfinished  iteration {progress.iteration}: {progress.state}{at} ({done} done); {verdict}")
+        done = ", ".join(name for name in STAGE_NAMES if name in progress.completed) or "no stage"
+        if held and progress.state == "running":
+            lines.append(f"in progress iteration {progress.iteration}{at} ({done} done)")
+        else:
+            verdict = "`closedloop run` resumes it" if progress.resumable() else "the next run starts a new iteration"
+            lines.append(f"unfinished  iteration {progress.iteration}: {progress.state}{at} ({done} done); {verdict}")
     return lines
 
 
