@@ -399,6 +399,30 @@ class GateParams(_Section):
     )
 
 
+class ReviewStrata(_Section):
+    """How the review sample is drawn: evenly over environment × bucket, plus the disagreements."""
+
+    per_env_bucket: int = Field(2, ge=0, description="Samples drawn from each environment × grading bucket.")
+    partial_failed: int = Field(2, ge=0, description="Samples with partial credit whose verdict is fail.")
+    validators_disagree: int = Field(2, ge=0, description="Samples whose reward components disagree (one 1, another 0).")
+    near_threshold: int = Field(2, ge=0, description="Samples whose reward lies within `margin` of `threshold`.")
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="The reward a near-threshold sample is close to.")
+    margin: float = Field(0.1, ge=0.0, le=1.0)
+
+
+class ReviewParams(_Section):
+    mode: Literal["off", "async", "before_promotion"] = Field(
+        "async",
+        description="off: no human review; async: each iteration draws a review sample that people answer "
+        "when they can (the next iteration reads the answers); before_promotion: the gate waits for the review.",
+    )
+    size: int = Field(24, ge=0, description="Most samples one review shows (strata first, then disagreements).")
+    strata: ReviewStrata = ReviewStrata()
+    timeout_s: float = Field(
+        3600.0, gt=0, description="before_promotion: how long the gate waits; then the iteration continues without human scores.",
+    )
+
+
 class TrackingParams(_Section):
     uri: Optional[str] = Field(
         None, description="MLflow tracking URI; default sqlite:///<workspace>/mlflow.db. MLFLOW_TRACKING_URI overrides."
@@ -429,6 +453,7 @@ class Params(_Section):
     train: TrainParams = TrainParams()
     evaluate: EvaluateParams = EvaluateParams()
     gate: GateParams = GateParams()
+    review: ReviewParams = ReviewParams()
     tracking: TrackingParams = TrackingParams()
     versioning: VersioningParams = VersioningParams()
 

@@ -39,6 +39,11 @@ class Workspace:
     evaluation = property(lambda self: self.root / EVALUATION)
     gate = property(lambda self: self.root / GATE)
     next_champion = property(lambda self: self.root / NEXT_CHAMPION)
+    # What people said: human review answers and the completions they marked as reward hacking.
+    # Inputs of the reward stage, recorded with `dvc add` when an iteration closes its loop.
+    human_labels = property(lambda self: self.root / HUMAN_LABELS)
+    known_hacks = property(lambda self: self.root / KNOWN_HACKS)
+    review_sample = property(lambda self: self.root / REVIEW_SAMPLE)
 
     def metrics(self, stage: str) -> Path:
         return self.root / METRICS_DIR / f"{stage}.json"
@@ -63,4 +68,7 @@ CANDIDATE = "data/models/candidate"
 EVALUATION = "data/reports/evaluation.json"
 GATE = "data/reports/gate.json"
 NEXT_CHAMPION = "data/models/next_champion"
+HUMAN_LABELS = "data/labels/human.jsonl"
+KNOWN_HACKS = "data/labels/known_hacks.jsonl"
+REVIEW_SAMPLE = "data/batch/review_sample.jsonl"  # this iteration's samples drawn for human review
 METRICS_DIR = "metrics"

@@ -200,12 +200,12 @@ class DvcWorkspace:
             finally:
                 repo.close()
 
-    def add(self, path: str) -> None:
+    def add(self, *paths: str) -> None:
         with self.locked():
             self._ensure_cache_type()  # a workspace made before caches linked gets links from now on
             repo = self._repo()
             try:
-                repo.add(str(self._abs(path)))
+                repo.add([str(self._abs(path)) for path in paths])
             finally:
                 repo.close()
 

@@ -46,13 +46,30 @@ def close_loop(ws: Workspace, closed: str | None = None) -> str:
     from closedloop.models.loading import model_fingerprint
 
     if closed is not None and has_champion(ws) and model_fingerprint(ws.champion) == closed:
+        record_labels(ws)
         return closed
     source = ws.next_champion if ws.next_champion.exists() else ws.warmstart_model
     wanted = model_fingerprint(source)
     if not ws.champion.exists() or model_fingerprint(ws.champion) != wanted:
         replace_dir(source, ws.champion)
-    DvcWorkspace(ws.root).add(paths.CHAMPION)
+    DvcWorkspace(ws.root).add(paths.CHAMPION, *_ensure_labels(ws))
     return wanted
+
+
+def _ensure_labels(ws: Workspace) -> tuple[str, ...]:
+    """The human labels and known hacks files, created empty when missing: the reward stage reads them
+    (dvc.yaml deps), so they exist from the first iteration on, answered or not."""
+    for path in (ws.human_labels, ws.known_hacks):
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+    return paths.HUMAN_LABELS, paths.KNOWN_HACKS
+
+
+def record_labels(ws: Workspace) -> None:
+    """`dvc add` the labels as they are now: the answers a review appended since the last iteration
+    become this iteration's input, a version of their own."""
+    DvcWorkspace(ws.root).add(*_ensure_labels(ws))
 
 
 def recover_git_state(ws: Workspace) -> list[str]:
