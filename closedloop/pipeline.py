@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from closedloop import plots
 from closedloop import workspace as ws
+from closedloop.stage_files import info_path, metrics_path, timing_path
 
 PACKAGE = "closedloop"
+# Loaded by run_stage by name, for the stages that draw plots only: as a literal import in
+# stages/common.py it would be code of every stage, and an edit to a plot would rerun the warm start.
+PLOTS_MODULE = f"{PACKAGE}.plots"
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,8 @@ class StageSpec:
     params: tuple[str, ...]
     outs: tuple[str, ...]
     module: str = ""  # the stage module whose run() is the stage; closedloop.stages.<name> unless given
-    metrics: tuple[str, ...] = field(default=())
+    # Plot files (closedloop/plots.py) run_stage writes after the stage, from the stage's own files.
+    plots: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if not self.module:
@@ -33,8 +39,21 @@ class StageSpec:
 
     @property
     def code(self) -> tuple[str, ...]:
-        """The .py files the stage runs, relative to the package: derived from its imports."""
-        return stage_code(self.module)
+        """The .py files the stage runs, relative to the package: derived from its imports (and, for a
+        stage that draws plots, from those of the plots module run_stage loads for it)."""
+        if not self.plots:
+            return stage_code(self.module)
+        return tuple(sorted(set(stage_code(self.module)) | set(stage_code(PLOTS_MODULE))))
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """Its metrics files: the numbers it returned, and its timing apart (closedloop/stage_files.py)."""
+        return (metrics_path(self.name), timing_path(self.name))
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The small git-tracked outs beside its data: what it said that is not a number, and its plots."""
+        return (info_path(self.name), *self.plots)
 
 
 SAMPLING_KEYS = ("sample.temperature", "sample.top_p", "sample.max_new_tokens", "sample.stop",
@@ -69,9 +88,11 @@ STAGES: tuple[StageSpec, ...] = (
         ("reward", "envs"), (ws.REWARDS,),
     ),
     StageSpec(
+        # The review sample is drawn here, seeded per iteration; review.timeout_s is not its concern.
         "grade", (ws.TASKS, ws.SAMPLES, ws.REWARDS),
-        ("grade", "train.include_fix_pairs", "train.max_fix_fraction"),
-        (ws.GRADED, ws.FIXES, ws.TRAIN_SET),
+        ("project.seed", "loop.iteration", "grade", "review.mode", "review.size", "review.strata",
+         "train.include_fix_pairs", "train.max_fix_fraction"),
+        (ws.GRADED, ws.FIXES, ws.TRAIN_SET, ws.REVIEW_SAMPLE), plots=(plots.REWARDS, plots.BUCKETS_FILE),
     ),
     StageSpec(
         "validate", (ws.TASKS, ws.GRADED, ws.FIXES),
@@ -89,7 +110,7 @@ STAGES: tuple[StageSpec, ...] = (
         "evaluate",
         (ws.BENCHMARK_TASKS, ws.CHAMPION, ws.CANDIDATE),
         ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *INFERENCE_KEYS, *SANDBOX_KEYS),
-        (ws.EVALUATION,),
+        (ws.EVALUATION,), plots=(plots.BENCHMARK, plots.HISTORY),
     ),
     StageSpec(
         # The candidate: its closedloop_training.json says whether it trained at all.
@@ -215,10 +236,13 @@ def render(prefix: str) -> dict:
         entry["deps"] = [f"{prefix}/{path}" for path in stage.code] + list(stage.deps)
         if stage.params:
             entry["params"] = list(stage.params)
-        entry["outs"] = list(stage.outs)
-        entry["metrics"] = [{f"metrics/{stage.name}.json": {"cache": False}}]
+        # Small files under metrics/ are kept by git with each experiment, not by DVC's cache.
+        entry["outs"] = list(stage.outs) + [
+            {path: {"cache": False, **({"persist": True} if path in plots.PERSISTENT else {})}}
+            for path in stage.files]
+        entry["metrics"] = [{path: {"cache": False}} for path in stage.metrics]
         stages[stage.name] = entry
-    return {"stages": stages}
+    return {"stages": stages, "plots": [{title: dict(spec)} for title, spec in plots.DEFINITIONS]}
 
 
 def render_yaml(prefix: str) -> str:

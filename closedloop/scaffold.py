@@ -8,6 +8,7 @@ from pathlib import Path
 
 from closedloop.config import PARAMS_FILE, default_params_yaml, load_params, write_params
 from closedloop.pipeline import code_prefix, render_yaml
+from closedloop.plots import write_templates
 
 GITIGNORE = """\
 # closedloop: local stores (the DVC remote, MLflow's store and artifacts) and scratch directories.
@@ -47,6 +48,7 @@ def init_workspace(root: Path | str) -> Path:
         block = GITIGNORE if missing == entries else "# closedloop\n" + "\n".join(missing) + "\n"
         gitignore.write_text(existing + ("\n" if existing and not existing.endswith("\n") else "") + block)
     DvcWorkspace(root).init()
+    write_templates(root)  # the Vega-Lite templates dvc.yaml's plots name (.dvc/plots/)
     env = git_identity_env(root)
     has_head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True).returncode == 0
     if not has_head:

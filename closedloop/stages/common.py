@@ -11,6 +11,7 @@ from typing import Any, Callable
 from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
 from closedloop.io import say, write_json
+from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, timing_path
 from closedloop.workspace import Workspace
 
 
@@ -37,19 +38,32 @@ def stage_function(name: str) -> Callable[[StageContext], dict[str, Any]]:
 
 def run_stage(name: str, workspace: Path | str = ".", params: Params | None = None,
               progress: bool = False) -> dict[str, Any]:
-    """Run one stage in-process: read inputs → compute → write outputs and metrics/<name>.json.
+    """Run one stage in-process: read inputs → compute → write outputs, then the stage's small files
+    (closedloop/stage_files.py): the numbers it returned in metrics/<name>.json, the rest in
+    metrics/info/<name>.json, its timing in metrics/timing/<name>.json, and its plot files.
 
-    The DVC command (`closedloop stage NAME`) and the Prefect task both come through here.
+    The DVC command (`closedloop stage NAME`) and the Prefect task both come through here. Returns
+    what the stage returned, with ``seconds`` and the whole ``timing``.
     """
+    from closedloop.pipeline import PLOTS_MODULE, stage_spec
+
     ws = Workspace.at(workspace)
     params = params or load_params(ws.root)
     context = StageContext(ws=ws, params=params, progress=progress)
-    started = time.perf_counter()
-    metrics = stage_function(name)(context)
+    spec = stage_spec(name)
+    clock = StageClock()
+    result = stage_function(name)(context)
+    if spec.plots:
+        plots = importlib.import_module(PLOTS_MODULE)  # by name: see PLOTS_MODULE
+        for path in spec.plots:
+            plots.write_plot(ws, path, params.loop.iteration)
     fault_point(f"stage:{name}")  # tests kill a run here: outputs written, not yet recorded
-    metrics = {**metrics, "seconds": round(time.perf_counter() - started, 3)}
-    write_json(ws.metrics(name), metrics)
-    return metrics
+    timing = clock.figures()
+    numbers, rest = split_numbers(result)
+    write_json(ws.path(metrics_path(name)), numbers)
+    write_json(ws.path(info_path(name)), rest)
+    write_json(ws.path(timing_path(name)), timing)
+    return {**result, "seconds": timing["seconds"], "timing": timing}
 
 
 def sandbox_pool(params: Params, env: str = "code"):

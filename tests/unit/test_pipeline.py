@@ -152,3 +152,38 @@ def test_root_params_yaml_is_valid():
 
     load_params(ROOT)
     assert yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+@pytest.mark.parametrize("spec", STAGES, ids=lambda spec: spec.name)
+def test_every_stage_declares_its_metrics_timing_and_info_uncached(spec):
+    entry = render("closedloop")["stages"][spec.name]
+    assert entry["metrics"] == [{f"metrics/{spec.name}.json": {"cache": False}},
+                                {f"metrics/timing/{spec.name}.json": {"cache": False}}]
+    small = [out for out in entry["outs"] if isinstance(out, dict)]
+    assert {f"metrics/info/{spec.name}.json": {"cache": False}} in small
+    assert [next(iter(out)) for out in small] == [f"metrics/info/{spec.name}.json", *spec.plots]
+    assert entry["outs"][:len(spec.outs)] == list(spec.outs)  # the data, in DVC's cache, as before
+
+
+def test_plots_are_declared_top_level_and_written_by_the_stages_that_have_their_inputs():
+    from closedloop import plots
+
+    rendered = render("closedloop")
+    titles = [next(iter(item)) for item in rendered["plots"]]
+    assert titles == [title for title, _ in plots.DEFINITIONS]
+    owners = {path: spec.name for spec in STAGES for path in spec.plots}
+    assert owners == {plots.BENCHMARK: "evaluate", plots.HISTORY: "evaluate", plots.REWARDS: "grade",
+                      plots.BUCKETS_FILE: "grade"}
+    history = [out for out in rendered["stages"]["evaluate"]["outs"] if isinstance(out, dict) and plots.HISTORY in out]
+    # kept across iterations: DVC must not delete it before the evaluate stage reruns
+    assert history == [{plots.HISTORY: {"cache": False, "persist": True}}]
+
+
+@pytest.mark.parametrize("stage, drawn", [
+    ("evaluate", True), ("grade", True),
+    ("warmstart", False),  # an edit to a plot must not rerun the warm start
+    ("train", False),
+])
+def test_the_plots_module_is_code_of_the_stages_that_draw_plots_only(stage, drawn):
+    assert ("plots.py" in stage_spec(stage).code) is drawn
+    assert "stage_files.py" in stage_spec(stage).code  # every stage writes its files through it
