@@ -7,6 +7,7 @@ The flows take :class:`Params` as a parameter, which is what gives the Prefect U
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -289,8 +290,50 @@ class SampleParams(SamplingSettings):
         return self
 
 
+class HumanSourceParams(_Section):
+    """The human review labels as a feedback source (data/labels/human.jsonl, component ``human``)."""
+
+    weight: Optional[float] = Field(
+        None, ge=0.0, description="Weight of the human component where a label applies; empty: as much as "
+                                  "the environment's heaviest verifier component.",
+    )
+
+
+class FeedbackSourceParams(_Section):
+    """A user's feedback source (an LLM judge, a style check...): its class from ``entry``."""
+
+    entry: str = Field(description="'package.module:Class', or the name of a 'closedloop.feedback_sources' "
+                                   "entry point; see closedloop/rewards/feedback.py.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the class.")
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="Weight per component of the source; missing: as much as each "
+                                          "environment's heaviest verifier component.",
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_not_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        negative = {name: weight for name, weight in value.items() if weight < 0}
+        if negative:
+            raise ValueError(f"weights must not be negative, got {negative}")
+        return value
+
+
 class RewardParams(_Section):
     workers: int = Field(0, ge=0, description="Sandbox worker processes; 0 means one per core.")
+    human: HumanSourceParams = HumanSourceParams()
+    sources: dict[str, FeedbackSourceParams] = Field(
+        default_factory=dict, description="Users' feedback sources by name, beside the verifiers and human labels.",
+    )
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names_free(cls, value: dict[str, FeedbackSourceParams]) -> dict[str, FeedbackSourceParams]:
+        # The rows name sources as verifier:<env>, component:<env>/<c>, human, combiner, source:<name>.
+        bad = sorted(name for name in value if name in ("human", "combiner") or not name.isidentifier())
+        if bad:
+            raise ValueError(f"source names {bad} are taken or not identifiers (letters, digits, _)")
+        return value
 
 
 class GradeParams(_Section):
@@ -506,6 +549,50 @@ def parse_params(data: object, source: str = PARAMS_FILE) -> Params:
         return Params.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_describe(error, source)) from None
+
+
+def given_settings(given: Params, baseline: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a caller actually gave, as a nested dict: the keys set explicitly in ``given``
+    (pydantic's fields-set, so a partial ``{"train": {"steps": 12}}`` is one key, not every default),
+    less those equal to ``baseline``.
+
+    ``baseline`` is what the caller's form started from (a deployment's default parameters, a
+    snapshot of params.yaml taken when it was served): a value left as the form showed it is not a
+    wish to change the workspace, which may have moved on since (the loop bumps loop.iteration)."""
+    wanted = given.model_dump(mode="json", exclude_unset=True)
+    return _changed(wanted, baseline) if baseline is not None else wanted
+
+
+def _changed(wanted: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in wanted.items():
+        before = baseline.get(key, _MISSING) if isinstance(baseline, Mapping) else _MISSING
+        if isinstance(value, dict) and isinstance(before, Mapping):
+            nested = _changed(value, before)
+            if nested:
+                out[key] = nested
+        elif value != before:
+            out[key] = value
+    return out
+
+
+_MISSING = object()
+
+
+def merge_settings(base: Params, settings: Mapping[str, Any], source: str) -> Params:
+    """``base`` with ``settings`` (a nested dict, possibly partial) laid over it, validated as a whole:
+    a bad value fails here, with ``source`` and the key named, before anything is written."""
+    return parse_params(_deep_merge(base.model_dump(mode="json"), settings), source)
+
+
+def _deep_merge(document: dict, settings: Mapping[str, Any]) -> dict:
+    merged = dict(document)
+    for key, value in settings.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def load_params(workspace: Path | str = ".") -> Params:

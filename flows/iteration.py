@@ -20,12 +20,21 @@ from closedloop.pipeline import ITERATION_STAGES
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
+from flows.params import workspace_params
 from tasks import lineage, stages
 
 
 @flow(name="closedloop-iteration", log_prints=True, on_cancellation=[on_interrupted], on_crashed=[on_interrupted])
 def iteration_flow(params: Optional[Params] = None, workspace: str = ".", progress: bool = False) -> dict:
-    """Sample the champion on fresh tasks, score, grade, validate, train a candidate, gate, promote."""
+    """Sample the champion on fresh tasks, score, grade, validate, train a candidate, gate, promote.
+
+    Args:
+        params: Settings for this run, laid over the workspace's params.yaml: only what you change
+            here overrides the file (a partial {"train": {"steps": 12}} is fine), and the result is
+            validated and written to params.yaml before the first stage.
+        workspace: The closedloop workspace (a directory made by `closedloop init`).
+        progress: Show progress bars in the logs.
+    """
     with workspace_lock(workspace, wait=True, command="closedloop-iteration flow", flow_run_id=flow_run_id()):
         lineage.recover_git_state(workspace)  # before anything reads params.yaml
         return _iteration(params, workspace, progress)
@@ -34,7 +43,8 @@ def iteration_flow(params: Optional[Params] = None, workspace: str = ".", progre
 def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict:
     started = time.perf_counter()
     previous = load_params(workspace)
-    params, record = lineage.begin_iteration(workspace, params or previous, previous, flow_run_ids())
+    params = workspace_params(workspace, params)  # a bad override fails here, before anything is written
+    params, record = lineage.begin_iteration(workspace, params, previous, flow_run_ids())
     resuming = record.attempts > 1
     timing = {"task": {}, "work": {}, "recorded": {}, "skipped": []}
     current = "preflight"
@@ -68,12 +78,16 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
         lineage.record_failure(workspace, params, "version", str(error))
         raise
     timing["version_seconds"] = time.perf_counter() - version_started
-    create_table_artifact(
-        key=f"benchmark-iteration-{params.loop.iteration}",
-        table=benchmark_rows(Workspace.at(workspace)),
-        description=f"Benchmark pass@1, champion vs candidate, iteration {params.loop.iteration}: "
-        + ("promoted" if summary["promoted"] else "held")
-        + (f" (not trained: {summary['not_trained']})" if summary.get("not_trained") else ""),
+    from prefect.artifacts import create_markdown_artifact
+
+    from closedloop.evaluation.report import gate_markdown
+    from closedloop.io import read_json
+
+    # The gate's decision for people: registry versions, per environment and slice, the MLflow run.
+    create_markdown_artifact(
+        key=f"gate-iteration-{params.loop.iteration}",
+        markdown=gate_markdown(read_json(Workspace.at(workspace).gate), summary),
+        description=summary["decision"],
     )
     lineage.finish_iteration(workspace)
     timing["total_seconds"] = time.perf_counter() - started

@@ -6,7 +6,7 @@ from typing import Optional
 
 from prefect import flow
 
-from closedloop.config import Params, load_params, write_params
+from closedloop.config import Params, write_params
 from closedloop.io import say
 from closedloop.lineage.record import has_champion
 from closedloop.pipeline import WARM_START_STAGES
@@ -14,6 +14,7 @@ from closedloop.progress import Progress, read_progress, write_progress
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
+from flows.params import workspace_params
 from flows.iteration import iteration_flow
 from tasks import lineage, stages
 
@@ -27,10 +28,17 @@ def needs_warm_start(workspace: str) -> bool:
 
 @flow(name="closedloop-warm-start", log_prints=True, on_cancellation=[on_interrupted], on_crashed=[on_interrupted])
 def warm_start_flow(params: Optional[Params] = None, workspace: str = ".", progress: bool = False) -> dict:
-    """Iteration 0: the fixed benchmark, the SFT'd base policy, registered as the first champion."""
+    """Iteration 0: the fixed benchmark, the SFT'd base policy, registered as the first champion.
+
+    Args:
+        params: Settings for this run, laid over the workspace's params.yaml: only what you change
+            here overrides the file, and the result is validated and written to params.yaml.
+        workspace: The closedloop workspace (a directory made by `closedloop init`).
+        progress: Show progress bars in the logs.
+    """
     with workspace_lock(workspace, wait=True, command="closedloop-warm-start flow", flow_run_id=flow_run_id()):
         lineage.recover_git_state(workspace)  # before anything reads params.yaml
-        params = params or load_params(workspace)
+        params = workspace_params(workspace, params)
         root = Workspace.at(workspace).root
         record = read_progress(root)
         if record is None or record.iteration != 0 or record.state == "done":
@@ -67,10 +75,19 @@ def closed_loop(iterations: int = 2, params: Optional[Params] = None, workspace:
                 progress: bool = False) -> dict:
     """Run the warm start if the workspace has no champion yet, then ``iterations`` iterations.
 
-    An iteration a killed or cancelled run left unfinished is continued first, and counts as one."""
+    An iteration a killed or cancelled run left unfinished is continued first, and counts as one.
+
+    Args:
+        iterations: Closed-loop iterations to run after the warm start (0: the warm start only).
+        params: Settings for this run, laid over the workspace's params.yaml: only what you change
+            here overrides the file (a partial {"train": {"steps": 12}} is fine), and the result is
+            validated and written to params.yaml before the first stage.
+        workspace: The closedloop workspace (a directory made by `closedloop init`).
+        progress: Show progress bars in the logs.
+    """
     with workspace_lock(workspace, wait=True, command="closedloop flow", flow_run_id=flow_run_id()):
         lineage.recover_git_state(workspace)  # before anything reads params.yaml or data/champion.dvc
-        params = params or load_params(workspace)
+        params = workspace_params(workspace, params)  # a bad override fails here, before anything is written
         warm = None
         if needs_warm_start(workspace):
             warm = warm_start_flow(params, workspace, progress)

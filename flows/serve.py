@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import serve as prefect_serve
 
 from flows.iteration import iteration_flow
@@ -9,16 +11,27 @@ from flows.loop import closed_loop, warm_start_flow
 
 
 def deployments(workspace: str) -> list:
-    """The Params model is a flow parameter, so each deployment's form has one field per setting.
+    """The Params model is a flow parameter, so each deployment's form has one field per setting,
+    filled with the workspace's params.yaml as it is when `closedloop serve` starts. A run changes
+    only what its form or API call changed from that (flows.params): the rest is the file as it is
+    when the run starts.
+
+    The entrypoint is the flow's module path (flows.iteration.iteration_flow), not a file path
+    relative to the directory serve started in, so the deployment runs from any directory.
 
     One run at a time per deployment, the others queued (ENQUEUE) rather than refused: two clicks on
     "Run" give two iterations one after the other. Across deployments of one workspace, the flows
     themselves wait for the workspace lock (closedloop.runlock), so they queue too."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.types.entrypoint import EntrypointType
 
-    common = {"workspace": workspace}
+    from closedloop.config import load_params
+
+    root = str(Path(workspace).resolve())
+    common = {"workspace": root, "params": load_params(root).model_dump(mode="json")}
     one_at_a_time = {"concurrency_limit": ConcurrencyLimitConfig(
-        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)}
+        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE),
+        "entrypoint_type": EntrypointType.MODULE_PATH}
     return [
         closed_loop.to_deployment(name="closed-loop", parameters={**common, "iterations": 1}, **one_at_a_time,
                                   description="Warm start if needed, then N closed-loop iterations."),

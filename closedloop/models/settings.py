@@ -80,6 +80,8 @@ def check_settings(model_dir: Path, settings: Any, on_mismatch: str,
     if found and on_mismatch != "warn":
         raise SettingsMismatch(
             f"{model_dir}: sampling settings differ from those its training rollouts used "
-            f"(set sample.settings_mismatch: warn in params.yaml to proceed anyway):\n  " + "\n  ".join(found)
+            "(to proceed anyway set sample.settings_mismatch: warn in params.yaml, or send "
+            '{"sample": {"settings_mismatch": "warn"}} as the run\'s params from the Prefect UI or API; '
+            "a run's params change only the keys they name):\n  " + "\n  ".join(found)
         )
     return found

@@ -1,8 +1,10 @@
-"""A run cancelled from the Prefect UI is recorded, and the next `closedloop run` resumes it.
+"""The served deployments as the Prefect UI uses them: forms that start from the workspace, partial and
+invalid overrides, and a run cancelled from the UI that the next `closedloop run` resumes.
 
-As the UI does it: `closedloop serve` against a real Prefect API, a deployment run triggered through
-the API, then set to Cancelling; the runner stops the flow's process and the flow's
-on_cancellation hook records the iteration."""
+As the UI does it: `closedloop serve` (started from another directory) against a real Prefect API,
+deployment runs triggered through the API; a cancel sets the run to Cancelling, the runner stops the
+flow's process and the flow's on_cancellation hook records the iteration. One warm start serves every
+test of the module (each costs minutes)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.test_cli_loop import BIN, cli
 from tests.e2e.test_resume import finish, make_workspace, start_run
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _wait(condition, timeout: float, what: str, every: float = 0.5):
@@ -37,51 +39,107 @@ def _progress(root: Path) -> dict:
         return {}
 
 
-def test_a_cancelled_deployment_run_is_recorded_and_resumed(prefect_api, tmp_path):
-    import mlflow
+def _api(coroutine_fn):
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-    from prefect.settings import PREFECT_API_URL
-    from prefect.states import Cancelling
 
-    root = make_workspace(tmp_path)
+    async def call():
+        async with get_client() as client:
+            return await coroutine_fn(client)
+
+    return asyncio.run(call())
+
+
+def _final_state(flow_run_id, timeout: float = 300):
+    def state():
+        current = _api(lambda client: client.read_flow_run(flow_run_id)).state
+        return current if current.is_final() else None
+
+    return _wait(state, timeout, f"flow run {flow_run_id} to finish")
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api, tmp_path_factory):
+    """A warm-started workspace and `closedloop serve` on it, started from an unrelated directory."""
+    from prefect.settings import PREFECT_API_URL
+
+    tmp = tmp_path_factory.mktemp("served")
+    root = make_workspace(tmp)
     code, _, err = finish(start_run(root, "-n", "0"))  # the warm start only
     assert code == 0, err[-3000:]
+    elsewhere = tmp / "elsewhere"  # not the repository, not the workspace: the entrypoint must not care
+    elsewhere.mkdir()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PREFECT_API_URL": PREFECT_API_URL.value(),
            "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
-    serve = subprocess.Popen([str(BIN / "closedloop"), "serve", "--workspace", str(root)], cwd=REPO, env=env,
+    serve = subprocess.Popen([str(BIN / "closedloop"), "serve", "--workspace", str(root)], cwd=elsewhere, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    async def deployment(client):
+        try:
+            return await client.read_deployment_by_name("closedloop-iteration/iteration")
+        except Exception:
+            return None
+
     try:
-        async def deployment_ready():
-            async with get_client() as client:
-                try:
-                    return await client.read_deployment_by_name("closedloop-iteration/iteration")
-                except Exception:
-                    return None
-
-        _wait(lambda: asyncio.run(deployment_ready()), 120, "the served deployment")
-        flow_run = run_deployment("closedloop-iteration/iteration", timeout=0)
-        _wait(lambda: _progress(root).get("iteration") == 1 and _progress(root).get("stage") in ("reward", "grade"),
-              300, "iteration 1 to reach the reward stage", every=0.1)
-
-        async def cancel():
-            async with get_client() as client:
-                await client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
-
-        asyncio.run(cancel())
-
-        async def state():
-            async with get_client() as client:
-                return (await client.read_flow_run(flow_run.id)).state
-
-        final = _wait(lambda: (s := asyncio.run(state())).is_cancelled() and s, 120, "the run to be cancelled")
-        assert final.is_cancelled()
-        progress = _wait(lambda: _progress(root).get("state") == "cancelled" and _progress(root), 60,
-                         "the cancellation hook")
-        assert progress["iteration"] == 1
+        yield root, _wait(lambda: _api(deployment), 120, "the served deployment")
     finally:
         serve.terminate()
         serve.wait(timeout=60)
+
+
+def test_the_form_starts_from_the_workspace_params(served):
+    from closedloop.config import load_params
+
+    root, deployment = served
+    assert deployment.parameters["params"] == load_params(root).model_dump(mode="json")
+    assert deployment.parameters["workspace"] == str(root)
+    assert deployment.entrypoint == "flows.iteration.iteration_flow"  # a module path: any directory works
+    schema = deployment.parameter_openapi_schema["properties"]
+    assert all(schema[name].get("description") for name in ("params", "workspace"))
+
+
+def test_an_invalid_override_is_refused_naming_the_key_and_changes_nothing(served):
+    from prefect.deployments import run_deployment
+
+    root, _ = served
+    before = (root / "params.yaml").read_bytes()
+    # Against the form's schema: the API refuses to create the run, naming the field.
+    with pytest.raises(Exception, match=r"steps"):
+        run_deployment("closedloop-iteration/iteration", parameters={"params": {"train": {"steps": -1}}}, timeout=0)
+    # Valid alone, invalid laid over the workspace's settings: the run fails at once, naming both keys.
+    flow_run = run_deployment("closedloop-iteration/iteration", timeout=0,
+                              parameters={"params": {"train": {"mode": "grpo"}, "sample": {"temperature": 0}}})
+    state = _final_state(flow_run.id)
+    assert state.is_failed()
+    message = state.message + str(_api(lambda client: client.read_flow_run(flow_run.id)).state.data or "")
+    assert "sample.temperature" in message and "train.mode" in message, message
+    assert (root / "params.yaml").read_bytes() == before
+    assert _progress(root).get("iteration", 0) == 0  # no iteration began
+
+
+def test_a_partial_override_changes_that_key_only_and_a_cancelled_run_resumes(served):
+    import mlflow
+    import yaml
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    root, _ = served
+    before = yaml.safe_load((root / "params.yaml").read_text())
+    flow_run = run_deployment("closedloop-iteration/iteration", timeout=0,
+                              parameters={"params": {"train": {"steps": 7}}})
+    _wait(lambda: _progress(root).get("iteration") == 1 and _progress(root).get("stage") in ("reward", "grade"),
+          300, "iteration 1 to reach the reward stage", every=0.1)
+    after = yaml.safe_load((root / "params.yaml").read_text())
+    expected = json.loads(json.dumps(before))
+    expected["train"]["steps"] = 7
+    expected["loop"]["iteration"] = 1
+    after["train"]["replay"]["versions"] = expected["train"]["replay"]["versions"]  # the loop sets these
+    assert after == expected
+
+    _api(lambda client: client.set_flow_run_state(flow_run.id, Cancelling(), force=True))
+    assert _final_state(flow_run.id, 120).is_cancelled()
+    progress = _wait(lambda: _progress(root).get("state") == "cancelled" and _progress(root), 60,
+                     "the cancellation hook")
+    assert progress["iteration"] == 1
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("closedloop")
     (cancelled,) = client.search_runs([experiment.experiment_id], "tags.`closedloop.state` = 'cancelled'")
@@ -93,3 +151,5 @@ def test_a_cancelled_deployment_run_is_recorded_and_resumed(prefect_api, tmp_pat
     assert "resuming iteration 1 (it was cancelled" in out + err and "iteration 1 " in out
     assert "already done" in out + err  # generate and sample were not run again
     assert cli("dvc", "status", cwd=root).stdout.strip().endswith("up to date.")
+    (finished,) = client.search_runs([experiment.experiment_id], "attributes.run_name = 'iteration-001'")
+    assert finished.data.params["train.steps"] == "7"  # the override is what the iteration recorded

@@ -154,8 +154,12 @@ def test_deployments_expose_params_as_a_form(prefect_api, tmp_path):
 
     from prefect.client.orchestration import get_client
 
-    from flows.serve import deployments
+    import yaml
 
+    from flows.serve import deployments
+    from tests.conftest import TINY
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY))
     deployment = {d.name: d for d in deployments(str(tmp_path))}["iteration"]
     deployment_id = deployment.apply()
 
