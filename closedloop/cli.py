@@ -109,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=10)
     workspace_arg(p)
     p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("review", help="show this iteration's review sample, or queue answers for the next iteration")
+    p.add_argument("--list", action="store_true", help="print the review sample (the default with no answers)")
+    p.add_argument("--answers", type=Path, help="JSONL of {sample_id, score, label, comment, reviewer}")
+    p.add_argument("--sample-id", help="answer one sample: its id")
+    p.add_argument("--score", type=float, help="0 (wrong) … 1 (right)")
+    p.add_argument("--label", help="correct | wrong | reward_hacking | formatting | other")
+    p.add_argument("--comment", default="", help="why, in a few words")
+    p.add_argument("--reviewer", help="your name or id (also the default for --answers lines without one)")
+    workspace_arg(p)
+    p.set_defaults(handler=cmd_review)
     return parser
 
 
@@ -337,6 +348,65 @@ def cmd_status(args) -> int:
 
     root = require_workspace(args.workspace)
     print(status_text(Path(root), load_params(root), limit=args.limit))
+    return 0
+
+
+def _review_submissions(args) -> list[dict]:
+    """The answers the arguments give, grouped per reviewer as labels.Submission data."""
+    from closedloop.review.labels import AnswerError
+
+    if args.answers is None:
+        if args.reviewer is None:
+            raise AnswerError("reviewer: missing (--reviewer)")
+        return [{"reviewer": args.reviewer, "answers": [
+            {"sample_id": args.sample_id, "score": args.score, "label": args.label, "comment": args.comment}]}]
+    if args.sample_id is not None:
+        raise AnswerError("--sample-id: give one answer on the command line or a file of answers, not both")
+    grouped: dict[str, list[dict]] = {}
+    try:
+        lines = args.answers.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise AnswerError(f"{args.answers}: cannot read ({error.strerror})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise AnswerError(f"{args.answers}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise AnswerError(f"{args.answers}:{number}: expected a JSON object")
+        reviewer = row.pop("reviewer", args.reviewer)
+        if reviewer is None:
+            raise AnswerError(f"{args.answers}:{number}: reviewer: missing (in the line, or --reviewer)")
+        grouped.setdefault(reviewer, []).append(row)
+    if not grouped:
+        raise AnswerError(f"{args.answers}: no answers in the file")
+    return [{"reviewer": reviewer, "answers": answers} for reviewer, answers in grouped.items()]
+
+
+def cmd_review(args) -> int:
+    from closedloop.review.form import review_markdown
+    from closedloop.review.labels import AnswerError, append_to_inbox, inbox_rows, read_review_sample, validate_submission
+    from closedloop.scaffold import require_workspace
+    from closedloop.workspace import Workspace
+
+    ws = Workspace.at(require_workspace(args.workspace))
+    rows = read_review_sample(ws) if ws.review_sample.exists() else []
+    answering = args.answers is not None or args.sample_id is not None
+    if args.list or not answering:
+        print(review_markdown(rows) if rows else f"no review sample in {ws.review_sample} (review.mode off, "
+              "or no iteration has been graded yet)")
+        return 0
+    by_id = {row["sample_id"]: row for row in rows}
+    try:  # every submission validated before anything is queued: all or nothing
+        checked = [validate_submission(data, by_id) for data in _review_submissions(args)]
+    except AnswerError as error:
+        print(f"closedloop review: {error}", file=sys.stderr)
+        return 2
+    queued = append_to_inbox(ws, [row for submission in checked for row in inbox_rows(submission, by_id, "cli")])
+    print(f"queued {queued} answer(s) for the next iteration (data/labels/inbox.jsonl; merged into "
+          "data/labels/human.jsonl when it starts)")
     return 0
 
 

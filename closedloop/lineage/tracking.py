@@ -516,3 +516,56 @@ def check_store(workspace: Path, uri: str | None, timeout_s: float = 10.0) -> st
             raise ConnectionError(f"MLflow tracking store {shown}: {directory} {what}")
         return resolved
     return resolved
+
+
+def log_review_traces(workspace: Path, uri: str | None, experiment: str, answers: list[Mapping[str, Any]],
+                      run_id: str | None = None) -> list[str]:
+    """One MLflow trace per human review answer, carrying the reviewer's HUMAN feedback (``human``: the
+    score, ``human_label``) beside the verifier's CODE feedback (``verifier``: its reward,
+    ``verifier_passed``), so the MLflow UI shows the two judgements of a sample side by side.
+
+    ``answers``: label rows (data/labels/human.jsonl) or the inbox rows ``merge_inbox`` returns, whose
+    ``sample`` (prompt, completion) becomes the trace's inputs and outputs. Idempotent: an answer whose
+    trace exists (tag closedloop.answer_id) is not logged again. ``run_id`` links the traces to a run.
+    Returns the ids of the traces logged now."""
+    mlflow = _mlflow()
+    from mlflow.entities import AssessmentSource, AssessmentSourceType
+
+    configure(workspace, uri, experiment)
+    experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
+    done = set()
+    for trace in mlflow.search_traces(locations=[experiment_id], filter_string="tag.`closedloop.kind` = 'review'",
+                                      return_type="list"):
+        done.add(trace.info.tags.get("closedloop.answer_id"))
+    traces = []
+    for answer in answers:
+        if answer["answer_id"] in done:
+            continue
+        sample = answer.get("sample") or {}
+        with mlflow.start_span(name=f"review {answer['sample_id']}") as span:
+            span.set_inputs({"sample_id": answer["sample_id"], "task_id": answer["task_id"], "env": answer["env"],
+                             **({"prompt": sample["prompt"]} if "prompt" in sample else {})})
+            span.set_outputs({"completion": sample["completion"]} if "completion" in sample
+                             else {"completion_sha256": answer["completion_sha256"]})
+            mlflow.update_current_trace(
+                tags={"closedloop.kind": "review", "closedloop.answer_id": answer["answer_id"],
+                      "closedloop.iteration": str(answer["iteration"]), "closedloop.env": answer["env"],
+                      "closedloop.model_version": answer["model_version"]},
+                metadata={"mlflow.sourceRun": run_id} if run_id else None,
+            )
+            traces.append((span.trace_id, answer))
+    # Traces are exported in the background; an assessment on one not yet written is refused ("not found").
+    mlflow.flush_trace_async_logging()
+    for trace_id, answer in traces:
+        verdict = answer["verifier"]
+        human = AssessmentSource(source_type=AssessmentSourceType.HUMAN, source_id=answer["reviewer"])
+        code = AssessmentSource(source_type=AssessmentSourceType.CODE, source_id=f"verifier:{answer['env']}")
+        mlflow.log_feedback(trace_id=trace_id, name="human", value=float(answer["score"]), source=human,
+                            rationale=answer.get("comment") or None,
+                            metadata={"label": answer["label"], "answer_id": answer["answer_id"],
+                                      "time": answer["time"], "source": answer.get("source", "")})
+        mlflow.log_feedback(trace_id=trace_id, name="human_label", value=answer["label"], source=human)
+        mlflow.log_feedback(trace_id=trace_id, name="verifier", value=float(verdict["reward"]), source=code,
+                            rationale=f"status {verdict['status']}", metadata={"status": verdict["status"]})
+        mlflow.log_feedback(trace_id=trace_id, name="verifier_passed", value=bool(verdict["passed"]), source=code)
+    return [trace_id for trace_id, _ in traces]

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from closedloop.grading import bucket_counts, bucket_of, build_fix_pairs, fix_pair_record, training_records
 from closedloop.io import read_jsonl, write_jsonl
+from closedloop.review.sample import STRATA, draw
 from closedloop.stages.common import StageContext, StageError, load_tasks
 
 
@@ -30,7 +31,18 @@ def run(ctx: StageContext) -> dict:
     write_jsonl(ctx.ws.graded, graded)
     write_jsonl(ctx.ws.fixes, (fix_pair_record(pair) for pair in fixes))
     write_jsonl(ctx.ws.train_set, train_set)
-    return summary(graded, fixes, train_set)
+    review = review_sample(ctx, graded, rewards, tasks)
+    write_jsonl(ctx.ws.review_sample, review)  # empty when review is off: the out always exists
+    return {**summary(graded, fixes, train_set),
+            "review_sample": {stratum: sum(row["stratum"] == stratum for row in review) for stratum in STRATA}}
+
+
+def review_sample(ctx: StageContext, graded: list[dict], rewards: dict[str, dict], tasks: dict) -> list[dict]:
+    review = ctx.params.review
+    if review.mode == "off":
+        return []
+    return draw(graded, rewards, {task_id: task.to_record() for task_id, task in tasks.items()}, review.strata,
+                review.size, seed=ctx.seed("review"), iteration=ctx.params.loop.iteration)
 
 
 def check_counts(reward: dict) -> tuple[int, int]:
