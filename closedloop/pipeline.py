@@ -15,6 +15,7 @@ from pathlib import Path
 
 from closedloop import plots
 from closedloop import workspace as ws
+from closedloop.rewards.hacks import KNOWN_HACKS_CHECK  # TODO(lead): a workspace path like the others
 from closedloop.stage_files import info_path, metrics_path, timing_path
 
 PACKAGE = "closedloop"
@@ -84,8 +85,10 @@ STAGES: tuple[StageSpec, ...] = (
         ("project.seed", "loop.iteration", "sample", *MODEL_KEYS), (ws.SAMPLES, ws.SAMPLE_TIMINGS, ws.ROLLOUTS),
     ),
     StageSpec(
-        "reward", (ws.TASKS, ws.SAMPLES),
-        ("reward", "envs"), (ws.REWARDS,),
+        # The labels and known hacks always exist (close_loop creates them empty): the human component,
+        # and the reward hacks every verifier version must score 0, re-checked here for the gate.
+        "reward", (ws.TASKS, ws.SAMPLES, ws.HUMAN_LABELS, ws.KNOWN_HACKS),
+        ("reward", "envs"), (ws.REWARDS, KNOWN_HACKS_CHECK),
     ),
     StageSpec(
         # The review sample is drawn here, seeded per iteration; review.timeout_s is not its concern.
@@ -114,7 +117,8 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         # The candidate: its closedloop_training.json says whether it trained at all.
-        "gate", (ws.EVALUATION, ws.CANDIDATE), ("gate",), (ws.GATE,),
+        # The known-hacks check: a known hack today's verifier scores above 0 holds promotion.
+        "gate", (ws.EVALUATION, ws.CANDIDATE, KNOWN_HACKS_CHECK), ("gate",), (ws.GATE,),
     ),
     StageSpec(
         "promote", (ws.GATE, ws.CHAMPION, ws.CANDIDATE), (), (ws.NEXT_CHAMPION,),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 
 @dataclass
@@ -19,7 +19,8 @@ class GateDecision:
 
 
 def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improvement: float,
-           slice_tolerance: float, noise_z: float = 0.0, untrained: str | None = None) -> GateDecision:
+           slice_tolerance: float, noise_z: float = 0.0, untrained: str | None = None,
+           known_hacks: Sequence[Mapping[str, Any]] = ()) -> GateDecision:
     """Compare two benchmark summaries (see stats.summarize); every reason names the figures.
 
     Every environment and every env/slice is checked. A drop is a regression when it exceeds both
@@ -28,6 +29,10 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
 
     ``untrained`` (why the candidate trained 0 steps) holds it whatever the figures say: it is the
     champion unchanged, and any difference measured is noise.
+
+    ``known_hacks`` (rows of the reward stage's known-hacks check, rewards/hacks.py) hold it too when
+    any of them ``holds``: a completion a person labelled reward hacking that today's verifier scores
+    above 0 (or could not judge) would be learnt from again, whatever the benchmark says.
     """
     champ_overall = champion["overall"]["pass@1"]
     cand_overall = candidate["overall"]["pass@1"]
@@ -37,6 +42,18 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
     if untrained:
         promote = False
         reasons.append(f"candidate not trained: 0 steps ({untrained}); it is the champion unchanged")
+    held = [hack for hack in known_hacks if hack["holds"]]
+    for hack in held:
+        promote = False
+        said = f"labelled by {hack['reviewer']}" if hack.get("reviewer") else "labelled"
+        if hack.get("iteration") is not None:
+            said += f" in iteration {hack['iteration']}"
+        judged = (f"scores {hack['reward']:.3f}" if hack["status"] != "infra_error"
+                  else "could not be judged (sandbox infrastructure error)")
+        reasons.append(f"known reward hack {hack['sample_id']} ({said}) {judged} under {hack['verifier']} "
+                       f"{hack['verifier_version']}; every verifier must score known hacks 0")
+    if known_hacks and not held:
+        reasons.append(f"known reward hacks: all {len(known_hacks)} score 0 under today's verifiers")
     if delta > min_improvement:
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"(+{delta:.3f} > min_improvement {min_improvement})")

@@ -32,3 +32,28 @@ def source_version(obj: Any, config: Any) -> str:
         code = repr(obj)
     payload = code + "\n" + json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def reward_row(sample: Mapping[str, Any], feedbacks: list[Any], weights: Mapping[str, float],
+               combiner_version: str) -> dict[str, Any]:
+    """One rewards.jsonl row: the sample's ids, every source's components and row fields, the
+    combined reward and the sources (with versions) that produced it.
+
+    ``feedbacks`` are rewards.feedback.Feedback of the sources, in order; two that set the same row
+    field is a programming error, refused rather than letting the later one win silently.
+    """
+    sample_id = sample["sample_id"]
+    row: dict[str, Any] = {"sample_id": sample_id, "task_id": sample["task_id"], "env": sample["env"]}
+    components: dict[str, float | None] = {}
+    named: dict[str, str] = {}
+    for feedback in feedbacks:
+        components.update(feedback.components.get(sample_id, {}))
+        for key, value in feedback.fields.get(sample_id, {}).items():
+            if key in row:
+                raise ValueError(f"sample {sample_id!r}: two feedback sources set row field {key!r}")
+            row[key] = value
+        named.update(feedback.named.get(sample_id, {}))
+    row["components"] = components
+    row["reward"] = round(combine(components, weights), 6)
+    row["feedback_sources"] = {**named, "combiner": combiner_version}
+    return row

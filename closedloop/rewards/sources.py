@@ -19,26 +19,51 @@ def component_versions(env: Any, params: Params) -> dict[str, str]:
             for name, (code, config) in env.component_sources().items()}
 
 
+def verifier_version(name: str, env: Any, params: Params) -> str:
+    """The version of environment ``name``'s verifier: its class's code, its section of params.yaml
+    (which holds its sandbox limits and isolation: they change what a verdict means) and the sandbox's code."""
+    env_params = params.envs.section(name).model_dump(mode="json")
+    sandbox = _sandbox_code() if getattr(env, "uses_sandbox", False) else None
+    return source_version(type(env), {"env": env_params, "sandbox": sandbox})
+
+
 def feedback_sources(params: Params) -> dict[str, str]:
-    """{source name: version} for every active environment's verifier and components, the combiner
-    and the batch validator."""
+    """{source name: version} for every active environment's verifier and components, the combiner,
+    every user source (``source:<name>``) and the batch validator.
+
+    The human labels' version is the hash of the labels file, which only the reward stage reads: it
+    is in each row a label applied to, and in data/batch/reward_sources.json."""
     from closedloop.envs import get_env, reward_weights
     from closedloop.lineage.validation import suite_fingerprint
+    from closedloop.rewards.feedback import user_sources
 
     sources: dict[str, str] = {}
     weights = {}
     for name in params.envs.active():
         env = get_env(name, params)
-        # The env's params include its sandbox limits and isolation: they change what a verdict means.
-        env_params = params.envs.section(name).model_dump(mode="json")
-        sandbox = _sandbox_code() if env.uses_sandbox else None
-        sources[f"verifier:{name}"] = source_version(type(env), {"env": env_params, "sandbox": sandbox})
+        sources[f"verifier:{name}"] = verifier_version(name, env, params)
         for component, version in component_versions(env, params).items():
             sources[f"component:{name}/{component}"] = version
         weights[name] = reward_weights(env, params)
-    sources["combiner"] = source_version(combine, weights)
+    users = user_sources(params)
+    sources["combiner"] = source_version(combine, _combiner_config(weights, params))
+    for source in users:
+        sources[f"source:{source.name}"] = source.version
     sources["validator:batch"] = suite_fingerprint(params.sample.k)
     return sources
+
+
+def _combiner_config(weights: dict, params: Params) -> Any:
+    """What decides how components combine. The human weight and user sources' weights enter only when
+    params.yaml sets them: at their defaults they follow from the verifier weights already hashed
+    (rewards.feedback.source_weights), so the combiner of a batch without them keeps its version."""
+    extra = {}
+    if params.reward.human.weight is not None:
+        extra["human"] = params.reward.human.weight
+    sources = {name: section.weights for name, section in sorted(params.reward.sources.items())}
+    if sources:
+        extra["sources"] = sources
+    return {"weights": weights, **extra} if extra else weights
 
 
 def _sandbox_code() -> str:

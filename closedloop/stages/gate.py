@@ -1,12 +1,15 @@
 """Stage gate: decide promote or hold from the evaluation; the decision and its reasons are the report.
 
-A candidate that trained 0 steps (its closedloop_training.json says why) is held whatever it scored.
+A candidate that trained 0 steps (its closedloop_training.json says why) is held whatever it scored,
+and so is every candidate while a known reward hack scores above 0 under today's verifier (the reward
+stage's known-hacks check).
 """
 
 from __future__ import annotations
 
 from closedloop.evaluation.gate import decide
-from closedloop.io import read_json, write_json
+from closedloop.io import read_json, read_jsonl, write_json
+from closedloop.rewards.hacks import KNOWN_HACKS_CHECK
 from closedloop.stages.common import StageContext
 
 
@@ -17,10 +20,12 @@ def run(ctx: StageContext) -> dict:
     # The candidate directory is the evaluation's input, and its fingerprint (which covers this file)
     # is in the evaluation: a change here reruns the evaluation and so the gate.
     untrained = untrained_reason(training_record(ctx.ws.candidate))
+    hacks = read_jsonl(ctx.ws.path(KNOWN_HACKS_CHECK),
+                       required=("sample_id", "reward", "status", "holds", "verifier", "verifier_version"))
     decision = decide(
         evaluation["champion"]["summary"], evaluation["candidate"]["summary"],
         min_improvement=ctx.params.gate.min_improvement, slice_tolerance=ctx.params.gate.slice_tolerance,
-        noise_z=ctx.params.gate.noise_z, untrained=untrained,
+        noise_z=ctx.params.gate.noise_z, untrained=untrained, known_hacks=hacks,
     )
     report = {
         **decision.to_dict(),
@@ -33,4 +38,5 @@ def run(ctx: StageContext) -> dict:
                      "slice_tolerance": ctx.params.gate.slice_tolerance, "noise_z": ctx.params.gate.noise_z},
     }
     write_json(ctx.ws.gate, report)
-    return {"promote": decision.promote, "overall_delta": decision.overall_delta, "trained": untrained is None}
+    return {"promote": decision.promote, "overall_delta": decision.overall_delta, "trained": untrained is None,
+            "known_hacks_holding": sum(1 for hack in hacks if hack["holds"])}

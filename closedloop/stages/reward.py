@@ -1,65 +1,82 @@
-"""Stage reward: every sample verified by its environment (in the sandbox where it runs code);
-components kept apart, combined by the environment's weights, each sample naming its feedback sources."""
+"""Stage reward: every sample scored by its feedback sources (its environment's verifier, in the
+sandbox where it runs code; the human review labels; the user's sources in params.yaml), components
+kept apart, combined by the environment's weights, each row naming the sources and versions that
+produced it. Then every known reward hack is re-verified with today's verifiers, for the gate."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 
 from closedloop.envs import reward_weights
 from closedloop.io import read_jsonl, write_jsonl
-from closedloop.rewards.combine import combine
-from closedloop.rewards.sources import component_versions, feedback_sources
+from closedloop.rewards.combine import reward_row
+from closedloop.rewards.feedback import (
+    FeedbackSourceError,
+    build_sources,
+    check_disjoint,
+    feedback_of,
+    source_weights,
+)
+from closedloop.rewards.hacks import KNOWN_HACKS_CHECK, KnownHacksError, check_known_hacks, hack_figures, read_known_hacks
+from closedloop.rewards.human import LabelsError
+from closedloop.rewards.sources import feedback_sources, verifier_version
 from closedloop.stages.common import EnvPools, StageContext, StageError, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
-    tasks = {task.task_id: task for task in load_tasks(ctx.ws.tasks)}
+    tasks = {task.task_id: task.to_record() for task in load_tasks(ctx.ws.tasks)}
     samples = read_jsonl(ctx.ws.samples, required=("sample_id", "task_id", "env", "completion"))
     unknown = sorted({s["task_id"] for s in samples} - set(tasks))
     if unknown:
         raise StageError(f"{ctx.ws.samples}: samples for tasks not in {ctx.ws.tasks}: {unknown[:3]}")
-    sources = feedback_sources(ctx.params)
-    by_env: dict[str, list[dict]] = defaultdict(list)
-    for sample in samples:
-        by_env[sample["env"]].append(sample)
-    verdicts, weights, versions, seconds = {}, {}, {}, {}
+    try:
+        hacks = read_known_hacks(ctx.ws.known_hacks)
+        versions = feedback_sources(ctx.params)
+    except (KnownHacksError, FeedbackSourceError) as error:
+        raise StageError(str(error)) from None
+    env_names = sorted({s["env"] for s in samples})
     with EnvPools(ctx.params) as verifiers:
-        for env_name, env_samples in sorted(by_env.items()):
-            env = verifiers.env(env_name)
-            weights[env_name] = reward_weights(env, ctx.params)
-            versions[env_name] = component_versions(env, ctx.params)
-            started = time.perf_counter()
-            results = verifiers.verify_batch(env_name, [tasks[s["task_id"]] for s in env_samples],
-                                             [s["completion"] for s in env_samples])
-            seconds[env_name] = time.perf_counter() - started
-            verdicts.update({s["sample_id"]: v for s, v in zip(env_samples, results)})
+        try:
+            sources = build_sources(ctx.params, verifiers, env_names, ctx.ws.human_labels)
+            weights = {}
+            for env_name, verifier in sources.verifiers.items():
+                check_disjoint([verifier, *sources.shared])
+                weights[env_name] = source_weights(reward_weights(verifiers.env(env_name), ctx.params), sources.shared)
+            feedbacks = [feedback_of(source, tasks, samples) for source in sources.all()]
+        except (LabelsError, FeedbackSourceError) as error:
+            raise StageError(str(error)) from None
+        checked = check_known_hacks(hacks, verifiers, lambda env: reward_weights(env, ctx.params),
+                                    lambda name, env: verifier_version(name, env, ctx.params))
         isolation = verifiers.isolation()
 
-    rows = []
-    for sample in samples:
-        env_name, verdict = sample["env"], verdicts[sample["sample_id"]]
-        # The sources of this sample's reward: the verifier, each component that applied, the combiner.
-        applied = {f"component:{env_name}/{name}": versions[env_name][name]
-                   for name, value in verdict.components.items() if value is not None}
-        rows.append({
-            "sample_id": sample["sample_id"], "task_id": sample["task_id"], "env": env_name,
-            "status": verdict.status, "passed": verdict.passed, "feedback": verdict.feedback,
-            "failed_step": verdict.failed_step, "components": verdict.components, "steps": verdict.steps,
-            "reward": round(combine(verdict.components, weights[env_name]), 6),
-            "feedback_sources": {f"verifier:{env_name}": sources[f"verifier:{env_name}"], **applied,
-                                 "combiner": sources["combiner"]},
-        })
+    rows = [reward_row(sample, feedbacks, weights[sample["env"]], versions["combiner"]) for sample in samples]
     write_jsonl(ctx.ws.rewards, rows)
+    write_jsonl(ctx.ws.path(KNOWN_HACKS_CHECK), checked)
+    named = {key: version for feedback in feedbacks for key, version in feedback.sources.items()}
+    figures = _merge_figures([feedback.figures for feedback in feedbacks])
     return {
         "verifications": len(rows),
-        "verifications_per_s": {env: round(len(by_env[env]) / s, 1) if s else 0.0 for env, s in seconds.items()},
+        **figures,
         "status": dict(sorted(Counter(f"{row['env']}/{row['status']}" for row in rows).items())),
         "reward_mean": _mean([row["reward"] for row in rows]),
-        "per_env": {env: _env_figures([r for r in rows if r["env"] == env]) for env in sorted(by_env)},
+        "per_env": {env: _env_figures([r for r in rows if r["env"] == env]) for env in env_names},
+        "known_hacks": hack_figures(checked),
+        # Strings: run_stage keeps them out of metrics/reward.json, in metrics/info/reward.json.
         "isolation": isolation,
-        "feedback_sources": sources,
+        "feedback_sources": {**versions, **named},
     }
+
+
+def _merge_figures(parts: list[dict]) -> dict:
+    """The sources' figures as one tree: per-environment timings of the verifiers side by side."""
+    merged: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return merged
 
 
 def _env_figures(rows: list[dict]) -> dict:
