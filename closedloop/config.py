@@ -319,35 +319,6 @@ class FeedbackSourceParams(_Section):
         return value
 
 
-class HumanSourceParams(_Section):
-    """The human review labels as a feedback source (data/labels/human.jsonl, component ``human``)."""
-
-    weight: Optional[float] = Field(
-        None, ge=0.0, description="Weight of the human component where a label applies; empty: as much as "
-                                  "the environment's heaviest verifier component.",
-    )
-
-
-class FeedbackSourceParams(_Section):
-    """A user's feedback source (an LLM judge, a style check...): its class from ``entry``."""
-
-    entry: str = Field(description="'package.module:Class', or the name of a 'closedloop.feedback_sources' "
-                                   "entry point; see closedloop/rewards/feedback.py.")
-    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the class.")
-    weights: dict[str, float] = Field(
-        default_factory=dict, description="Weight per component of the source; missing: as much as each "
-                                          "environment's heaviest verifier component.",
-    )
-
-    @field_validator("weights")
-    @classmethod
-    def _weights_not_negative(cls, value: dict[str, float]) -> dict[str, float]:
-        negative = {name: weight for name, weight in value.items() if weight < 0}
-        if negative:
-            raise ValueError(f"weights must not be negative, got {negative}")
-        return value
-
-
 class RewardParams(_Section):
     workers: int = Field(0, ge=0, description="Sandbox worker processes; 0 means one per core.")
     human: HumanSourceParams = HumanSourceParams()
