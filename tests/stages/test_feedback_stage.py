@@ -209,3 +209,33 @@ def test_no_labels_and_no_hacks_write_an_empty_check(ws):
     assert all("human" not in row and "human" not in row["components"] for row in rows.values())
     assert set(json.loads(json.dumps(read_json(ws.metrics("reward"))["known_hacks"]))) == {
         "total", "scoring_above_zero", "not_judged", "skipped"}
+
+
+def test_answers_submitted_and_merged_by_the_review_code_reach_the_rows_and_the_gate(ws):
+    """The whole contract through the review side's own code: submit → inbox → merge_inbox → reward → gate."""
+    from closedloop.review.labels import merge_inbox, submit
+
+    tasks = {t["task_id"]: t for t in read_jsonl(ws.tasks)}
+    before = rewards(ws)
+    review = []
+    for sample in read_jsonl(ws.samples)[:3]:
+        verdict = before[sample["sample_id"]]
+        review.append({**sample, "completion_sha256": completion_sha256(sample["completion"]), "iteration": 0,
+                       "prompt": tasks[sample["task_id"]]["prompt"], "task": tasks[sample["task_id"]],
+                       "verifier": {"passed": verdict["passed"], "reward": verdict["reward"], "status": verdict["status"]}})
+    hacked = review[0]["sample_id"]  # a reference the verifier passes, called a hack by the reviewer
+    submit(ws, {"reviewer": "ada", "answers": [{"sample_id": hacked, "score": 0.0, "label": "reward_hacking"},
+                                               {"sample_id": review[2]["sample_id"], "score": 0.0, "label": "wrong"}]},
+           review, "cli")
+    merge_inbox(ws)
+
+    after = rewards(ws)
+    assert after[hacked]["human"]["reviewers"] == ["ada"] and after[hacked]["components"]["human"] == 0.0
+    [checked] = read_jsonl(ws.path(KNOWN_HACKS_CHECK))
+    assert checked["sample_id"] == hacked and checked["holds"]
+    gate_inputs(ws)
+    run_stage("gate", ws.root)
+    gate = read_json(ws.gate)
+    assert gate["promote"] is False and any(reason.startswith(f"known reward hack {hacked} ") for reason in gate["reasons"])
+    agreement = read_json(ws.metrics("reward"))["agreement"]["rules"]
+    assert agreement["n"] == 2 and agreement["confusion"]["both_fail"] == 1 and agreement["confusion"]["verifier_only"] == 1
