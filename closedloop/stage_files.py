@@ -5,9 +5,9 @@
                                  metrics file that holds a list, and then shows none of that revision's.
     metrics/info/<stage>.json    everything else the stage said (names, versions, reasons, lists, nulls):
                                  an out of the stage, git-tracked like the metrics, never read as one.
-    metrics/timing/<stage>.json  wall clock, CPU and memory of the run: a metrics file of its own, so that
-                                 `dvc exp diff` leads with what changed in the data and the scores, not
-                                 with figures that change on every run.
+    metrics/timing/<stage>.json  wall clock, CPU and memory of the run, and the stage's throughput figures
+                                 (its keys ending in _per_s): a metrics file of its own, so that what
+                                 changes on every run stays out of the comparison of data and scores.
 
 ``stage_result`` puts the first two back together: the dict the stage function returned.
 Everything here lives under metrics/, which the version step commits with each experiment.
@@ -27,6 +27,7 @@ from closedloop.workspace import METRICS_DIR
 INFO_DIR = f"{METRICS_DIR}/info"
 TIMING_DIR = f"{METRICS_DIR}/timing"
 TIMING_KEYS = ("seconds", "cpu_seconds", "peak_rss_mb")  # and gpu_peak_mb where CUDA was used
+RATE_SUFFIX = "_per_s"  # a stage's throughput figures; they go to the timing file beside TIMING_KEYS
 
 
 def metrics_path(stage: str) -> str:
@@ -63,6 +64,35 @@ def split_numbers(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
         else:
             rest[key] = value
     return numbers, rest
+
+
+def split_rates(numbers: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """(numbers, rates): the figures measured against the wall clock (a key ending in ``_per_s``:
+    tokens, samples or verifications per second) taken out of ``numbers``, as flat keys for the
+    timing file ("verifications_per_s/code"). They change on every run, like the seconds."""
+    kept: dict[str, Any] = {}
+    rates: dict[str, float] = {}
+    for key, value in numbers.items():
+        if key.endswith(RATE_SUFFIX):
+            if isinstance(value, dict):
+                rates.update({f"{key}/{name}": leaf for name, leaf in _leaves(value)})
+            else:
+                rates[key] = value
+        elif isinstance(value, dict):
+            inner, inner_rates = split_rates(value)
+            kept[key] = inner
+            rates.update({f"{key}/{name}": rate for name, rate in inner_rates.items()})
+        else:
+            kept[key] = value
+    return kept, rates
+
+
+def _leaves(data: dict[str, Any], prefix: str = ""):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def merge(numbers: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:

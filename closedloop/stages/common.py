@@ -11,7 +11,7 @@ from typing import Any, Callable
 from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
 from closedloop.io import say, write_json
-from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, timing_path
+from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, split_rates, timing_path
 from closedloop.workspace import Workspace
 
 
@@ -40,7 +40,7 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
               progress: bool = False) -> dict[str, Any]:
     """Run one stage in-process: read inputs → compute → write outputs, then the stage's small files
     (closedloop/stage_files.py): the numbers it returned in metrics/<name>.json, the rest in
-    metrics/info/<name>.json, its timing in metrics/timing/<name>.json, and its plot files.
+    metrics/info/<name>.json, its timing (and throughput) in metrics/timing/<name>.json, its plot files.
 
     The DVC command (`closedloop stage NAME`) and the Prefect task both come through here. Returns
     what the stage returned, with ``seconds`` and the whole ``timing``.
@@ -58,8 +58,9 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
         for path in spec.plots:
             plots.write_plot(ws, path, params.loop.iteration)
     fault_point(f"stage:{name}")  # tests kill a run here: outputs written, not yet recorded
-    timing = clock.figures()
     numbers, rest = split_numbers(result)
+    numbers, rates = split_rates(numbers)
+    timing = {**clock.figures(), **rates}
     write_json(ws.path(metrics_path(name)), numbers)
     write_json(ws.path(info_path(name)), rest)
     write_json(ws.path(timing_path(name)), timing)

@@ -11,6 +11,9 @@ import pytest
 import yaml
 
 BIN = Path(sys.executable).parent
+# The columns README.md's `dvc exp show` keeps: the iteration, its scores, the gate, the batch.
+README_EXP_SHOW_KEEP = ("Experiment|loop\\.iteration|(candidate|champion)_pass@1(/[a-z]+)?$|promote$"
+                        "|.*reward_mean$|buckets\\.")
 REPRODUCIBLE_OUTS = ("data/batch/tasks.jsonl", "data/batch/samples.jsonl", "data/batch/rewards.jsonl",
                      "data/batch/graded.jsonl", "data/batch/fixes.jsonl", "data/batch/train_set.jsonl")
 
@@ -67,6 +70,58 @@ def test_dvc_status_clean_and_repro_has_nothing_to_do(ran):
     repro = cli("dvc", "repro", cwd=root).stdout
     assert "Running stage" not in repro, repro
     assert lock_outs(root) == before
+
+
+def test_dvc_metrics_plots_and_experiments_show_the_loop(ran):
+    """What a user runs after two iterations: every metric a number, the plots one point per iteration
+    per environment, `dvc plots diff` of the two experiments, and an experiments table that reads."""
+    import csv
+    import io
+    import json
+
+    from closedloop.plots import DEFINITIONS
+
+    root, _ = ran
+    shown = cli("dvc", "metrics", "show", "--json", cwd=root)
+    assert "failed to load" not in shown.stderr, shown.stderr  # DVC's words for a file it could not read
+    files = json.loads(shown.stdout)[""]["data"]
+    assert "metrics/evaluate.json" in files and "metrics/timing/train.json" in files
+    assert not [path for path, entry in files.items() if "error" in entry]
+
+    def numbers_only(data):
+        return all(numbers_only(v) for v in data.values()) if isinstance(data, dict) else \
+            isinstance(data, (int, float))
+
+    for path in sorted(root.glob("metrics/*.json")) + sorted(root.glob("metrics/timing/*.json")):
+        assert numbers_only(json.loads(path.read_text())), f"{path.relative_to(root)} holds more than numbers"
+        assert "seconds" not in json.loads(path.read_text()) or "timing" in path.parts
+    assert "failed to load" not in cli("dvc", "metrics", "show", cwd=root).stderr
+
+    plots = json.loads(cli("dvc", "plots", "show", "--json", cwd=root).stdout)["data"]
+    assert list(plots) == [title for title, _ in DEFINITIONS]
+    (history,) = plots[DEFINITIONS[0][0]]
+    points = [(p["iteration"], p["env"]) for p in history["content"]["data"]["values"]]
+    envs = json.loads((root / "data/reports/evaluation.json").read_text())["candidate"]["summary"]["envs"]
+    assert len(envs) == 5  # every environment of the tiny params
+    # one point per iteration per environment, and the whole benchmark as "overall"
+    assert sorted(points) == sorted((i, env) for i in (1, 2) for env in (*envs, "overall"))
+    for title, entries in plots.items():
+        assert entries[0]["content"]["data"]["values"], f"plot {title!r} has no data"
+
+    names = sorted(ref.rsplit("/", 1)[-1] for ref in subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname)", "refs/exps"], cwd=root, capture_output=True,
+        text=True).stdout.split() if "/iter-" in ref)
+    diffed = json.loads(cli("dvc", "plots", "diff", *names, "--json", cwd=root).stdout)["data"]
+    (history,) = diffed[DEFINITIONS[0][0]]
+    assert history["revisions"] == names  # each experiment its own series
+
+    table = json.loads(cli("dvc", "exp", "show", "--only-changed", "--json", cwd=root).stdout)
+    assert table and not [rev for rev in table if rev.get("error")]
+    # the README's command: the headline of each iteration on one screen
+    readable = cli("dvc", "exp", "show", "--no-pager", "--csv", "--only-changed", "--drop", ".*", "--keep",
+                   README_EXP_SHOW_KEEP, cwd=root).stdout
+    header = next(csv.reader(io.StringIO(readable)))
+    assert "loop.iteration" in header and "candidate_pass@1" in header and len(header) < 40, header
 
 
 def test_status_names_the_champion_and_iterations(ran):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from closedloop.io import read_json
-from closedloop.stage_files import TIMING_KEYS, merge, split_numbers, stage_result
+from closedloop.stage_files import TIMING_KEYS, merge, split_numbers, split_rates, stage_result
 
 
 def _numbers_only(data) -> bool:
@@ -45,6 +45,22 @@ class TestSplitNumbers:
         assert merge(*split_numbers(data)) == data
 
 
+class TestSplitRates:
+    @pytest.mark.parametrize("numbers, kept, rates", [
+        # throughput is measured against the wall clock: it goes with the timing
+        ({"samples": 20, "tokens_per_s": 1525.8}, {"samples": 20}, {"tokens_per_s": 1525.8}),
+        # a dict of rates (per environment) becomes flat keys
+        ({"verifications_per_s": {"code": 13.9, "data": 2.8}}, {},
+         {"verifications_per_s/code": 13.9, "verifications_per_s/data": 2.8}),
+        # a rate inside a section keeps its section in its name; the section's other figures stay
+        ({"train": {"steps": 2, "tokens_per_s": 9.5}}, {"train": {"steps": 2}}, {"train/tokens_per_s": 9.5}),
+        # a name that only contains the suffix is not a rate
+        ({"per_slice": {"code/core": 2}}, {"per_slice": {"code/core": 2}}, {}),
+    ])
+    def test_split(self, numbers, kept, rates):
+        assert split_rates(numbers) == (kept, rates)
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """The generate stage run through run_stage on a workspace of tiny params (no model needed)."""
@@ -64,7 +80,8 @@ def test_run_stage_writes_numbers_info_and_timing_apart(generated):
     assert metrics["tasks"] == 10 and _numbers_only(metrics)
     assert "seconds" not in metrics  # timing has a file of its own
     timing = read_json(root / "metrics/timing/generate.json")
-    assert set(TIMING_KEYS) <= set(timing) <= {*TIMING_KEYS, "gpu_peak_mb"}
+    assert set(TIMING_KEYS) <= set(timing)
+    assert all(key in (*TIMING_KEYS, "gpu_peak_mb") or key.endswith("_per_s") for key in timing)
     assert all(isinstance(value, float) for value in timing.values())
     assert 0 <= timing["seconds"] < 600 and timing["cpu_seconds"] >= 0 and timing["peak_rss_mb"] > 10
     assert read_json(root / "metrics/info/generate.json") == {}  # generate says nothing but numbers
