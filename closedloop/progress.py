@@ -40,6 +40,9 @@ class Progress:
     final: bool = False
     flow_run_ids: list[str] = field(default_factory=list)  # the flow run working on it, and its root
     champion: str | None = None  # the champion's fingerprint, once the iteration closed its loop on it
+    # When the iteration's first attempt began (seconds since the epoch; ``started`` is the same moment
+    # for people): its MLflow run starts here, so a run resumed twice still spans the whole iteration.
+    started_at: float = 0.0
 
     def resumable(self) -> bool:
         return self.state in UNFINISHED and not self.final
@@ -67,9 +70,25 @@ def read_progress(root: Path) -> Progress | None:
 def write_progress(root: Path, progress: Progress) -> Progress:
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     progress.started = progress.started or now
+    progress.started_at = progress.started_at or time.time()
     progress.updated = now
     write_json(progress_path(root), asdict(progress))
     return progress
+
+
+def started_ms(progress: Progress | None) -> int | None:
+    """When the iteration's first attempt began, in ms since the epoch (MLflow's unit); None without a
+    record. A record written before ``started_at`` existed has the time to the second in ``started``."""
+    if progress is None:
+        return None
+    if progress.started_at:
+        return int(progress.started_at * 1000)
+    try:
+        from datetime import datetime
+
+        return int(datetime.strptime(progress.started, "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000)
+    except ValueError:
+        return None
 
 
 def update_progress(root: Path, **fields: Any) -> Progress | None:

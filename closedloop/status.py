@@ -11,6 +11,7 @@ from closedloop.workspace import Workspace
 def status_text(root: Path, params: Params, limit: int = 10) -> str:
     from closedloop.lineage import tracking
     from closedloop.lineage.dvc import DvcWorkspace
+    from closedloop.lineage.run_metrics import CHAMPION_PASS_AT_1, PASS_AT_1
 
     uri = tracking.configure(root, params.tracking.uri, params.tracking.experiment)
     name = params.tracking.registered_model
@@ -38,8 +39,9 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
         lines.append(f"{'run':<28} {'status':<9} {'candidate':>9} {'champion':>9} {'promoted':>8}  data (dvc samples / train_set)")
         for run in runs:
             metrics, tags = run["metrics"], run["tags"]
-            cand = metrics.get("evaluate.candidate_pass_at_1", metrics.get("warmstart.benchmark_pass_at_1"))
-            champ = metrics.get("evaluate.champion_pass_at_1")
+            # the names before lineage.run_metrics, for runs an older closedloop logged
+            cand = _first(metrics, PASS_AT_1, "evaluate.candidate_pass_at_1", "warmstart.benchmark_pass_at_1")
+            champ = _first(metrics, CHAMPION_PASS_AT_1, "evaluate.champion_pass_at_1")
             lines.append(
                 f"{run['run_name']:<28} {run['status']:<9} {_fmt(cand):>9} {_fmt(champ):>9} "
                 f"{tags.get('promoted', '-'):>8}  {tags.get('dvc.samples', '-')[:10]} / {tags.get('dvc.train_set', '-')[:10]}"
@@ -75,6 +77,10 @@ def _run_state(root: Path) -> list[str]:
             verdict = "`closedloop run` resumes it" if progress.resumable() else "the next run starts a new iteration"
             lines.append(f"unfinished  iteration {progress.iteration}: {progress.state}{at} ({done} done); {verdict}")
     return lines
+
+
+def _first(metrics: dict, *names: str):
+    return next((metrics[name] for name in names if name in metrics), None)
 
 
 def _fmt(value) -> str:

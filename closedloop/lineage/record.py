@@ -149,29 +149,21 @@ def _tracking(ws: Workspace, params: Params):
     return tracking
 
 
-def _metric_name(key: str) -> str:
-    # MLflow metric names allow letters, digits, _ - . / and spaces.
-    return key.replace("@", "_at_").replace(":", "_")
+def stage_metrics(ws: Workspace, stages: tuple[str, ...], headline: dict[str, float] | None = None) -> dict[str, float]:
+    """The run's figures: ``headline`` first, then ``stage/<stage>/...``, ``timing/<stage>`` and
+    ``system/<stage>/...`` of each stage that ran (names: lineage.run_metrics)."""
+    from closedloop.lineage.run_metrics import run_figures
+    from closedloop.stage_files import timing_path
 
-
-def flatten_metrics(prefix: str, data: Any, out: dict[str, float]) -> dict[str, float]:
-    if isinstance(data, bool):
-        out[_metric_name(prefix)] = float(data)
-    elif isinstance(data, (int, float)):
-        out[_metric_name(prefix)] = float(data)
-    elif isinstance(data, dict):
-        for key, value in data.items():
-            flatten_metrics(f"{prefix}.{key}" if prefix else str(key), value, out)
-    return out
-
-
-def stage_metrics(ws: Workspace, stages: tuple[str, ...]) -> dict[str, float]:
-    out: dict[str, float] = {}
+    numbers, timings = {}, {}
     for stage in stages:
-        path = ws.metrics(stage)
-        if path.exists():
-            flatten_metrics(stage, read_json(path), out)
-    return out
+        if ws.metrics(stage).exists():
+            numbers[stage] = read_json(ws.metrics(stage))
+        timing = ws.root / timing_path(stage)  # absent for a stage run before timing files existed
+        if timing.exists():
+            timings[stage] = read_json(timing)
+            numbers.setdefault(stage, {})
+    return run_figures(numbers, timings, headline or {})
 
 
 def _datasets(ws: Workspace, hashes: dict[str, str], names=BATCH_DATASETS):
@@ -191,13 +183,18 @@ def _datasets(ws: Workspace, hashes: dict[str, str], names=BATCH_DATASETS):
 
 def register_warm_start(ws: Workspace, params: Params) -> str:
     """Iteration 0: log the warm start and register it as the first champion."""
+    from closedloop.evaluation.report import warm_start_sentence
+    from closedloop.lineage.run_metrics import headline
+    from closedloop.progress import read_progress, started_ms
     from closedloop.rewards.sources import feedback_sources
 
     tracking = _tracking(ws, params)
     dvc = DvcWorkspace(ws.root)
     hashes = dvc.lock_hashes()
     evaluation = read_json(ws.warmstart_eval)
-    metrics = stage_metrics(ws, ("benchmark", "warmstart"))
+    # The warm start becomes the champion without a gate: "promoted" to it, compared with nothing.
+    metrics = stage_metrics(ws, ("benchmark", "warmstart"),
+                            headline(evaluation["summary"], None, promoted=True, reward_mean=None))
     key = {**run_key(ws, 0, "warmstart"), "closedloop.candidate": evaluation["model_version"]}
     logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
     run_id = logged[0] if logged else tracking.log_iteration(
@@ -205,57 +202,79 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
         metrics=metrics, tags=key, rewards=[],
         datasets=_datasets(ws, hashes, (("references", paths.REFERENCES, "training"),
                                         ("benchmark", paths.BENCHMARK_TASKS, "evaluation"))),
-        artifacts=[ws.warmstart_eval], stage_seconds={},
+        artifacts=[ws.warmstart_eval], stage_seconds={}, started_ms=started_ms(read_progress(ws.root)),
     )
     tags = {
-        "iteration": "0", "training.mode": "sft", "git.rev": dvc.head_rev(),
-        "dvc.model": hashes.get(paths.WARMSTART_MODEL, ""), "dvc.references": hashes.get(paths.REFERENCES, ""),
-        "dvc.benchmark": hashes.get(paths.BENCHMARK_TASKS, ""), "model.fingerprint": evaluation["model_version"],
+        "iteration": "0", "model.fingerprint": evaluation["model_version"], "training.mode": "sft",
+        "git.rev": dvc.head_rev(), "dvc.model": hashes.get(paths.WARMSTART_MODEL, ""),
+        "dvc.data": json.dumps({"references": hashes.get(paths.REFERENCES, ""),
+                                "benchmark": hashes.get(paths.BENCHMARK_TASKS, "")}, sort_keys=True),
         "feedback_sources": json.dumps(feedback_sources(params), sort_keys=True),
         **_score_tags(evaluation["summary"]),
     }
-    version = tracking.find_model_version(params.tracking.registered_model,
-                                          {"iteration": "0", "model.fingerprint": evaluation["model_version"]})
+    registered = params.tracking.registered_model
+    version = tracking.find_model_version(registered, {"iteration": "0",
+                                                       "model.fingerprint": evaluation["model_version"]})
     if version is None:
         version = tracking.log_and_register_model(run_id=run_id, model_dir=ws.warmstart_model,
-                                                  registered_model=params.tracking.registered_model, tags=tags,
+                                                  registered_model=registered, tags=tags,
                                                   reference=dvc.reference(paths.WARMSTART_MODEL),
                                                   log_weights=params.tracking.log_weights)
-    tracking.set_alias(params.tracking.registered_model, "champion", version)
+    tracking.describe_model_version(registered, version, warm_start_sentence(evaluation["summary"]))
+    tracking.set_alias(registered, "champion", version)
+    tracking.end_run(run_id)
     return version
 
 
 def _score_tags(summary: dict) -> dict[str, str]:
-    tags = {"benchmark.pass_at_1": f"{summary['overall']['pass@1']:.4f}"}
-    for name, figures in [*summary.get("envs", {}).items(), *summary["slices"].items()]:
-        tags[f"benchmark.pass_at_1.{name}"] = f"{figures['pass@1']:.4f}"
-    return tags
+    # Overall only: the per-environment and per-slice figures are the source run's metrics.
+    return {"benchmark.pass_at_1": f"{summary['overall']['pass@1']:.4f}"}
+
+
+def _parent_version(tracking, registered: str, gate: dict) -> str | None:
+    """The registry version of the champion the candidate was compared with: the version registered
+    with its fingerprint (found again on a resume, when the champion alias may have moved already)."""
+    found = tracking.find_model_version(registered, {"model.fingerprint": gate["champion"]["model_version"]})
+    return found or tracking.get_alias(registered, "champion")
 
 
 def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, float]) -> dict[str, Any]:
     """Push the batch, save the iteration as a DVC experiment, log it to MLflow, register the candidate
-    and move the aliases as the gate decided. Returns the iteration's summary.
+    and move the aliases as the gate decided. Returns the iteration's summary: what the gate report
+    (evaluation.report.gate_markdown) names, among it ``run_id``, ``experiment_id``, ``tracking_uri``,
+    ``model_version`` and ``parent_version`` (the candidate's and the champion's registry versions),
+    ``experiment`` and ``exp_rev`` (DVC), and ``decision`` (the sentence the version's description holds).
 
     A candidate that trained 0 steps is the champion unchanged: it is not registered and no alias
     moves; the run is tagged with the reason, and the summary carries it (``not_trained``) with
     ``model_version`` None."""
+    import statistics
+
+    from closedloop.evaluation.report import decision_sentence
+    from closedloop.lineage.run_metrics import headline
     from closedloop.pipeline import ITERATION_STAGES
+    from closedloop.progress import read_progress, started_ms
     from closedloop.rewards.sources import feedback_sources
+    from closedloop.stage_files import stage_result
 
     iteration = params.loop.iteration
     tracking = _tracking(ws, params)
     dvc = DvcWorkspace(ws.root)
     hashes = dvc.lock_hashes()
     gate = read_json(ws.gate)
-    train = read_json(ws.metrics("train"))
+    train = stage_result(ws.root, "train")  # its metrics and its info (the mode, why it did not train)
     not_trained = None if train.get("trained", True) else (train.get("untrained_reason") or "it trained 0 steps")
     candidate = gate["candidate"]["model_version"]
     experiment = f"iter-{iteration:03d}-{candidate[:8]}"
+    registered = params.tracking.registered_model
+    # Before any alias moves: the champion this iteration's candidate was measured against.
+    parent = _parent_version(tracking, registered, gate)
     # Each part below is keyed by the iteration and the candidate, and a part already done is found
     # in its store rather than done again: a run killed anywhere in here is finished by the next one.
     exp_rev = _save_experiment(dvc, experiment) if params.versioning.save_experiments else ""
 
     rewards = [row["reward"] for row in read_jsonl(ws.graded)]
+    promoted = bool(gate["promote"]) and not not_trained
     batch_tags = {f"dvc.{name}": hashes.get(relative, "") for name, relative, _ in BATCH_DATASETS}
     # The batch's Data Docs stay in DVC (data/batch/validation, in the experiment): logged with every
     # run, their 4 MB of identical static files were most of the MLflow store's growth (benchmarks/
@@ -263,27 +282,34 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     artifacts = [ws.gate, ws.evaluation, ws.validation_report]
     key = {**run_key(ws, iteration, "iteration"), "closedloop.candidate": candidate}
     logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
+    figures = headline(gate["candidate"], gate["champion"], promoted=promoted,
+                       reward_mean=statistics.fmean(rewards) if rewards else None)
+    # A stage that has no timing file of its own (stage_files) is timed by its task.
+    metrics = stage_metrics(ws, ITERATION_STAGES, figures)
+    untimed = {name: secs for name, secs in stage_seconds.items() if f"timing/{name}" not in metrics}
     run_id = logged[0] if logged else tracking.log_iteration(
         iteration=iteration, run_name=f"iteration-{iteration:03d}", params=params.model_dump(mode="json"),
-        metrics=stage_metrics(ws, ITERATION_STAGES), rewards=rewards,
-        tags={**key, "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "promoted": str(gate["promote"]).lower(),
+        metrics=metrics, rewards=rewards,
+        tags={**key, "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "promoted": str(promoted).lower(),
               **({"closedloop.not_trained": not_trained} if not_trained else {}), **batch_tags},
         datasets=_datasets(ws, hashes), artifacts=[a for a in artifacts if a.exists()],
-        stage_seconds=stage_seconds,
+        stage_seconds=untimed, started_ms=started_ms(read_progress(ws.root)),
     )
+    # At most 12, grouped: the lookups (iteration, model.fingerprint), lineage a person filters by,
+    # and the batch's DVC hashes as one JSON object. The figures are the source run's metrics.
     tags = {
-        "iteration": str(iteration), "training.mode": train["mode"], "git.rev": dvc.head_rev(),
-        "training.data": json.dumps(train.get("examples", {}), sort_keys=True),
-        "training.replay": json.dumps(train.get("replay", {}), sort_keys=True),
-        "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "dvc.model": hashes.get(paths.CANDIDATE, ""),
-        **batch_tags, "model.fingerprint": gate["candidate"]["model_version"],
-        "parent.fingerprint": gate["champion"]["model_version"],
+        "iteration": str(iteration), "model.fingerprint": candidate, **({"parent.version": parent} if parent else {}),
+        "training.mode": train.get("mode", ""),
+        "training.data": json.dumps({"examples": train.get("examples", {}), "replay": train.get("replay", {})},
+                                    sort_keys=True),
+        "git.rev": dvc.head_rev(), "dvc.experiment": experiment, "dvc.exp_rev": exp_rev,
+        "dvc.model": hashes.get(paths.CANDIDATE, ""),
+        "dvc.data": json.dumps({name: hashes.get(relative, "") for name, relative, _ in BATCH_DATASETS},
+                               sort_keys=True),
         "feedback_sources": json.dumps(feedback_sources(params), sort_keys=True),
-        "gate.promote": str(gate["promote"]).lower(), "gate.reasons": " | ".join(gate["reasons"])[:4000],
         **_score_tags(gate["candidate"]),
     }
-    registered = params.tracking.registered_model
-    version = None
+    version, decision = None, decision_sentence(gate, parent)
     if not not_trained:
         version = tracking.find_model_version(registered, {"iteration": str(iteration),
                                                            "model.fingerprint": candidate})
@@ -293,15 +319,19 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
                                                       reference=dvc.reference(paths.CANDIDATE),
                                                       log_weights=params.tracking.log_weights)
             fault_point("version:register")  # tests kill a run here: registered, no alias moved
+        tracking.describe_model_version(registered, version, decision)
         tracking.set_alias(registered, "challenger", version)
         if gate["promote"]:
             tracking.set_alias(registered, "champion", version)
+    tracking.end_run(run_id)  # the version step ends here: the run spans the whole iteration
     return {
         "iteration": iteration, "run_id": run_id, "model_version": version, "experiment": experiment,
-        "not_trained": not_trained,
-        "promoted": bool(gate["promote"]) and not not_trained, "champion_pass@1": gate["champion"]["overall"]["pass@1"],
+        "exp_rev": exp_rev, "not_trained": not_trained, "promoted": promoted,
+        "champion_pass@1": gate["champion"]["overall"]["pass@1"],
         "candidate_pass@1": gate["candidate"]["overall"]["pass@1"], "reasons": gate["reasons"],
+        "decision": decision, "parent_version": parent,
         "champion_version": tracking.get_alias(registered, "champion"),
+        **{k: v for k, v in tracking.run_location(run_id).items() if k in ("tracking_uri", "experiment_id")},
     }
 
 

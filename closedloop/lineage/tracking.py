@@ -4,8 +4,10 @@ The only module that imports ``mlflow`` (lazily, inside each function: the impor
 ``closedloop --help`` must stay fast). Everything the loop records goes through these functions,
 so the MLflow layout lives in one place:
 
-- run (one per iteration): params flattened to dotted keys, metrics, ``stage_seconds.<stage>``,
-  dataset inputs carrying their DVC md5 as digest, ``plots/reward_hist.png``, ``reports/...``;
+- run (one per iteration): params flattened to dotted keys, metrics at ``step = iteration`` (so the
+  experiment's charts draw one point per iteration; names and sections: lineage.run_metrics), a
+  start and end that span the iteration, dataset inputs carrying their DVC md5 as digest,
+  ``plots/reward_hist.png``, ``reports/...``;
 - registered model version: a LoggedModel of that run registered with lineage tags on the version;
   ``champion`` / ``challenger`` are registry aliases.
 
@@ -38,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import time
 import warnings
@@ -146,11 +147,17 @@ def _chunks(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def _log_metric_batch(client: Any, run_id: str, metrics: Mapping[str, float]) -> None:
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _log_metric_batch(client: Any, run_id: str, metrics: Mapping[str, float], step: int = 0,
+                      timestamp_ms: int | None = None) -> None:
     from mlflow.entities import Metric
 
-    now = int(time.time() * 1000)
-    entities = [Metric(key, float(value), now, 0) for key, value in metrics.items()]
+    # The step is what the charts put on the x axis: the iteration, so each run is one point of a curve.
+    stamp = _now_ms() if timestamp_ms is None else int(timestamp_ms)
+    entities = [Metric(key, float(value), stamp, int(step)) for key, value in metrics.items()]
     for chunk in _chunks(entities, _MAX_METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=chunk)
 
@@ -181,8 +188,14 @@ def log_iteration(
     artifacts: list[Path],
     stage_seconds: Mapping[str, float],
     status: str = "FINISHED",
+    started_ms: int | None = None,
 ) -> str:
     """Record one iteration as a run in the active experiment; return its run_id.
+
+    Every metric is logged at ``step = iteration``. ``stage_seconds`` are logged as
+    ``timing/<stage>``. ``rewards`` give the histogram artifact (their figures are the caller's
+    metrics). ``started_ms`` (ms since the epoch) is when the iteration began: the run starts then,
+    not when logging does, so its duration is the iteration's (:func:`end_run` moves its end).
 
     ``status="FAILED"`` records an iteration that stopped early (e.g. its batch failed validation)
     with whatever it produced, so it shows up in the history rather than vanishing.
@@ -195,23 +208,26 @@ def log_iteration(
     mlflow = _mlflow()
     from mlflow.entities import Param
 
-    all_metrics = dict(metrics)
-    all_metrics.update({f"stage_seconds.{name}": secs for name, secs in stage_seconds.items()})
-    if rewards:
-        mean = sum(rewards) / len(rewards)
-        all_metrics["reward_mean"] = mean
-        all_metrics["reward_std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.tracking.fluent import _get_experiment_id
+
+    all_metrics = {**{f"timing/{name}": secs for name, secs in stage_seconds.items()}, **metrics}
 
     client = mlflow.MlflowClient()
     run_tags = {**{k: str(v) for k, v in tags.items()}, ITERATION_TAG: str(iteration)}
-    with mlflow.start_run(run_name=run_name, tags=run_tags) as run:
+    # Created through the client because only create_run takes a start time; resolve_tags adds the
+    # source and user tags mlflow.start_run would, and the run is then resumed for the fluent loggers.
+    # The experiment is the active one (configure set it); MLflow has no public getter for its id.
+    created = client.create_run(_get_experiment_id(), start_time=started_ms, tags=resolve_tags(run_tags),
+                                run_name=run_name)
+    with mlflow.start_run(run_id=created.info.run_id) as run:
         run_id = run.info.run_id
         flat = [Param(k, v) for k, v in flatten_params(params).items()]
         for chunk in _chunks(flat, _MAX_PARAMS_PER_BATCH):
             client.log_batch(run_id, params=chunk)
         # the untruncated, nested original (default=str: paths and enums in params stay loggable)
         mlflow.log_text(json.dumps(params, indent=2, default=str), "params/params.json")
-        _log_metric_batch(client, run_id, all_metrics)
+        _log_metric_batch(client, run_id, all_metrics, step=iteration)
         from closedloop.faults import fault_point
 
         fault_point("version:mlflow-log")  # tests kill a run here: the MLflow run open, half logged
@@ -383,6 +399,31 @@ def model_version_tags(registered_model: str, version: str) -> dict[str, str]:
     return dict(_mlflow().MlflowClient().get_model_version(registered_model, str(version)).tags)
 
 
+def end_run(run_id: str, ended_ms: int | None = None, status: str = "FINISHED") -> None:
+    """End the run at ``ended_ms`` (now if None): the moment the iteration's version step ended,
+    after the registry and the aliases, not when the run's logging did."""
+    if status not in _END_STATUSES:
+        raise ValueError(f"status must be one of {_END_STATUSES}, got {status!r}")
+    _mlflow().MlflowClient().set_terminated(run_id, status=status, end_time=_now_ms() if ended_ms is None else ended_ms)
+
+
+def run_location(run_id: str) -> dict[str, str]:
+    """Where a person finds the run: {"tracking_uri", "experiment_id", "run_id", "run_name"}."""
+    mlflow = _mlflow()
+    info = mlflow.MlflowClient().get_run(run_id).info
+    return {"tracking_uri": mlflow.get_tracking_uri(), "experiment_id": str(info.experiment_id),
+            "run_id": run_id, "run_name": info.run_name or ""}
+
+
+def describe_model_version(registered_model: str, version: str, description: str) -> None:
+    """Set a version's description (what the registry page shows first); setting it again is harmless."""
+    _mlflow().MlflowClient().update_model_version(registered_model, str(version), description=description)
+
+
+def model_version_description(registered_model: str, version: str) -> str:
+    return _mlflow().MlflowClient().get_model_version(registered_model, str(version)).description or ""
+
+
 def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
     from mlflow.entities import RunTag
 
@@ -391,8 +432,8 @@ def set_run_tags(run_id: str, tags: Mapping[str, str]) -> None:
         client.log_batch(run_id, tags=chunk)
 
 
-def log_metrics(run_id: str, metrics: Mapping[str, float]) -> None:
-    _log_metric_batch(_mlflow().MlflowClient(), run_id, metrics)
+def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    _log_metric_batch(_mlflow().MlflowClient(), run_id, metrics, step=step)
 
 
 def _quoted(value: str) -> str:

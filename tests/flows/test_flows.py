@@ -65,15 +65,27 @@ def test_iteration_saved_as_experiment_and_pushed(looped):
 
 
 def test_registry_versions_carry_lineage_tags_and_aliases_follow_the_gate(looped):
+    import json
+
     root, result = looped
     client, name = _registry(root)
-    tags = client.get_model_version(name, "2").tags
-    for key in ("dvc.tasks", "dvc.samples", "dvc.rewards", "dvc.graded", "dvc.train_set", "dvc.model", "git.rev",
-                "feedback_sources", "benchmark.pass_at_1", "benchmark.pass_at_1.code/core", "dvc.exp_rev"):
+    version = client.get_model_version(name, "2")
+    tags = version.tags
+    assert len(tags) <= 12 and len(client.get_model_version(name, "1").tags) <= 12
+    for key in ("iteration", "model.fingerprint", "parent.version", "dvc.model", "dvc.data", "git.rev",
+                "feedback_sources", "benchmark.pass_at_1", "dvc.experiment", "dvc.exp_rev"):
         assert tags.get(key), f"model version 2 lacks tag {key}"
+    assert tags["parent.version"] == "1"  # the warm start it was compared with, by its registry version
     assert "verifier:code" in tags["feedback_sources"] and "validator:batch" in tags["feedback_sources"]
+    data = json.loads(tags["dvc.data"])  # the batch's DVC hashes, one JSON object
+    assert {"tasks", "samples", "rewards", "graded", "train_set"} <= set(data)
     lock = (root / "dvc.lock").read_text()
-    assert tags["dvc.samples"] in lock
+    assert data["samples"] and data["samples"] in lock and tags["dvc.model"] in lock
+    # the description states the gate decision in a sentence, naming the champion by its version
+    decision = "Promoted: " if result["iterations"][0]["promoted"] else "Held: "
+    assert version.description.startswith(decision) and "vs champion v1 " in version.description
+    assert version.description == result["iterations"][0]["decision"]
+    assert client.get_model_version(name, "1").description.startswith("Warm start (iteration 0), the first champion")
     assert str(client.get_model_version_by_alias(name, "challenger").version) == "2"
     expected_champion = "2" if result["iterations"][0]["promoted"] else "1"
     assert str(client.get_model_version_by_alias(name, "champion").version) == expected_champion
@@ -83,18 +95,33 @@ def test_mlflow_run_has_metrics_datasets_and_plot(looped):
     root, result = looped
     client, _ = _registry(root)
     run = client.get_run(result["iterations"][0]["run_id"])
+    from closedloop.lineage.run_metrics import CHAMPION_PASS_AT_1, PASS_AT_1, PROMOTED, REWARD_MEAN
+    from closedloop.pipeline import ITERATION_STAGES
+
     metrics = run.data.metrics
-    for key in ("grade.reward_mean", "grade.reward_std", "grade.pass_rate.code", "grade.buckets.positive",
-                "sample.tokens_per_s", "sample.samples_per_s", "stage_seconds.train",
-                "evaluate.candidate_pass_at_1"):
+    # The headline: the candidate's and champion's benchmark pass@1, promoted, the batch's reward mean.
+    for key in (PASS_AT_1, CHAMPION_PASS_AT_1, PROMOTED, REWARD_MEAN, "stage/grade/reward_std",
+                "stage/grade/pass_rate.code", "stage/grade/buckets.positive", "system/sample/tokens_per_s",
+                "system/sample/samples_per_s"):
         assert key in metrics, f"run lacks metric {key}"
+    assert metrics[PROMOTED] == float(result["iterations"][0]["promoted"])
+    assert metrics[PASS_AT_1] == pytest.approx(result["iterations"][0]["candidate_pass@1"])
     # Pass rate per environment and per slice, and each environment's reward components.
     for env in ("code", "data", "script", "extract", "rules"):
-        for key in (f"evaluate.candidate_pass_at_1/{env}", f"evaluate.candidate_pass_at_1/{env}/core",
-                    f"evaluate.candidate_pass_at_1/{env}/edge", f"evaluate.candidate_pass_at_1/{env}/failure_modes",
-                    f"reward.per_env.{env}.pass_rate", f"grade.pass_rate.{env}"):
+        for key in (f"{PASS_AT_1}.{env}", f"{CHAMPION_PASS_AT_1}.{env}", f"stage/evaluate/candidate_pass_at_1.{env}.core",
+                    f"stage/evaluate/candidate_pass_at_1.{env}.edge",
+                    f"stage/evaluate/candidate_pass_at_1.{env}.failure_modes",
+                    f"stage/grade/pass_rate.{env}", f"stage/reward/per_env.{env}.reward_mean"):
             assert key in metrics, f"run lacks metric {key}"
-    assert "reward.per_env.data.components.values" in metrics and "reward.per_env.rules.components.decision" in metrics
+    assert {"stage/reward/per_env.data.components.values", "stage/reward/per_env.rules.components.decision"} <= set(metrics)
+    # Each stage's wall clock, CPU and memory (stage_files' timing files); every figure once.
+    for stage in ITERATION_STAGES:
+        assert {f"timing/{stage}", f"system/{stage}/cpu_seconds", f"system/{stage}/peak_rss_mb"} <= set(metrics), stage
+    assert not [key for key in metrics if "reward_mean" in key and key != REWARD_MEAN and "per_env" not in key]
+    # One point per iteration: every metric at step 1; the run spans the iteration, not its logging.
+    assert {h.step for h in client.get_metric_history(run.info.run_id, PASS_AT_1)} == {1}
+    stage_seconds = sum(metrics[f"timing/{stage}"] for stage in ITERATION_STAGES)
+    assert (run.info.end_time - run.info.start_time) / 1000 >= stage_seconds
     digests = {d.dataset.name: d.dataset.digest for d in run.inputs.dataset_inputs}
     assert {"tasks", "samples", "rewards", "graded"} <= set(digests)
     assert digests["samples"] and digests["samples"] in (root / "dvc.lock").read_text()
@@ -102,19 +129,31 @@ def test_mlflow_run_has_metrics_datasets_and_plot(looped):
     assert "plots/reward_hist.png" in artifacts
 
 
-def test_benchmark_table_artifact_published(looped):
+def test_gate_report_artifact_published(looped):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     import asyncio
 
+    from closedloop.io import read_json
+    from closedloop.workspace import Workspace
+
+    root, result = looped
+
     async def read():
         async with get_client() as client:
             return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["benchmark-iteration-1"])))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["gate-iteration-1"])))
 
     artifacts = asyncio.run(read())
-    assert artifacts and artifacts[0].type == "table"
+    assert artifacts and artifacts[0].type == "markdown"
+    text, summary = artifacts[0].data, result["iterations"][0]
+    assert artifacts[0].description == summary["decision"] and summary["decision"] in text
+    assert "| environment | champion v1 | candidate v2 |" in text and "| code/edge |" in text
+    assert f"`{summary['run_id']}`" in text and "mlflow ui --backend-store-uri sqlite:///" in text
+    gate = read_json(Workspace.at(root).gate)
+    for role in ("champion", "candidate"):  # registry versions, not fingerprints
+        assert gate[role]["model_version"] not in text
 
 
 def test_failing_batch_stops_before_training_and_moves_nothing(looped, monkeypatch):
@@ -185,8 +224,9 @@ def test_model_version_records_its_training_mode_and_data(looped):
     client, name = _registry(root)
     tags = client.get_model_version(name, "2").tags
     assert tags["training.mode"] == "rft" and client.get_model_version(name, "1").tags["training.mode"] == "sft"
-    assert "reference" in json.loads(tags["training.data"])
-    assert json.loads(tags["training.replay"]) == {}  # the first iteration has nothing earlier to replay
+    data = json.loads(tags["training.data"])
+    assert "reference" in data["examples"]
+    assert data["replay"] == {}  # the first iteration has nothing earlier to replay
 
 
 def test_replay_reads_an_earlier_batch_through_dvc_and_the_loop_names_it(looped, tmp_path):

@@ -12,6 +12,7 @@ pd = pytest.importorskip("pandas")
 mlflow = pytest.importorskip("mlflow")
 
 from closedloop.lineage import tracking  # noqa: E402
+from closedloop.lineage.run_metrics import PASS_AT_1  # noqa: E402
 
 EXPERIMENT = "closedloop-test"
 MODEL = "closedloop-policy"
@@ -127,9 +128,10 @@ class TestLogIteration:
         assert run.data.params["sample.k"] == "8" and run.data.params["train.stages"] == '["a", "b"]'
         assert run.data.params["long"].endswith("[truncated]")
         m = run.data.metrics
-        assert m["pass_at_1"] == 0.25 and m["stage_seconds.sample"] == 1.5 and m["stage_seconds.grade"] == 0.25
-        assert m["reward_mean"] == pytest.approx(0.625) and m["reward_std"] == pytest.approx(0.41457, abs=1e-4)
+        assert m == {"pass_at_1": 0.25, "timing/sample": 1.5, "timing/grade": 0.25}  # the rewards are the histogram's
         assert run.data.tags["closedloop.batch"] == "b0003" and run.data.tags[tracking.ITERATION_TAG] == "3"
+        steps = {key: [h.step for h in mlflow.MlflowClient().get_metric_history(run.info.run_id, key)] for key in m}
+        assert steps == {key: [3] for key in m}  # every metric at step = iteration
 
     def test_dataset_input_keeps_dvc_digest(self, workspace, iteration_run) -> None:
         inputs = mlflow.MlflowClient().get_run(iteration_run["run_id"]).inputs.dataset_inputs
@@ -225,6 +227,66 @@ class TestRegistry:
 
     def test_get_alias_of_missing_model_is_none(self, workspace) -> None:
         assert tracking.get_alias("no-such-model", "champion") is None
+
+
+class TestIterationsCompare:
+    """What the MLflow UI draws across the runs of an experiment: one point per iteration, runs that
+    last as long as their iterations did."""
+
+    @pytest.fixture(scope="class")
+    def two_iterations(self, workspace) -> dict[int, dict]:
+        runs = {}
+        for iteration, started, ended, value in ((1, 1_700_000_000_000, 1_700_000_600_000, 0.30),
+                                                 (2, 1_700_001_000_000, 1_700_001_900_000, 0.35)):
+            run_id = tracking.log_iteration(
+                iteration=iteration, run_name=f"iteration-{iteration:03d}", params={}, tags={},
+                metrics={PASS_AT_1: value, "stage/grade/samples": 8}, rewards=[], datasets=[], artifacts=[],
+                stage_seconds={"train": 4.0}, started_ms=started,
+            )
+            tracking.end_run(run_id, ended_ms=ended)
+            runs[iteration] = {"run_id": run_id, "started": started, "ended": ended, "value": value}
+        return runs
+
+    def test_metrics_are_at_step_iteration(self, two_iterations) -> None:
+        client = mlflow.MlflowClient()
+        for iteration, run in two_iterations.items():
+            for key in (PASS_AT_1, "stage/grade/samples", "timing/train"):
+                history = client.get_metric_history(run["run_id"], key)
+                assert [h.step for h in history] == [iteration], key
+            assert client.get_metric_history(run["run_id"], PASS_AT_1)[0].value == run["value"]
+
+    def test_the_experiment_has_one_point_per_iteration(self, two_iterations) -> None:
+        client = mlflow.MlflowClient()
+        experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
+        found = client.search_runs([experiment], filter_string=f"metrics.`{PASS_AT_1}` >= 0")
+        points = sorted((h.step, h.value) for run in found for h in client.get_metric_history(run.info.run_id, PASS_AT_1))
+        assert points == [(1, 0.30), (2, 0.35)]
+
+    def test_the_run_spans_the_iteration(self, two_iterations) -> None:
+        for run in two_iterations.values():
+            info = mlflow.MlflowClient().get_run(run["run_id"]).info
+            assert (info.start_time, info.end_time, info.status) == (run["started"], run["ended"], "FINISHED")
+
+    def test_run_location(self, workspace, two_iterations) -> None:
+        _, uri = workspace
+        location = tracking.run_location(two_iterations[1]["run_id"])
+        experiment = mlflow.MlflowClient().get_experiment_by_name(EXPERIMENT).experiment_id
+        assert location == {"tracking_uri": uri, "experiment_id": experiment, "run_id": two_iterations[1]["run_id"],
+                            "run_name": "iteration-001"}
+
+    def test_end_run_refuses_an_unknown_status(self, two_iterations) -> None:
+        with pytest.raises(ValueError, match="DONE"):
+            tracking.end_run(two_iterations[1]["run_id"], status="DONE")
+
+    def test_version_description(self, workspace, two_iterations, tiny_model_dir) -> None:
+        version = tracking.log_and_register_model(run_id=two_iterations[2]["run_id"], model_dir=tiny_model_dir,
+                                                  registered_model="described", tags={"iteration": "2"},
+                                                  reference=TestRegistry.REFERENCE)
+        sentence = "Promoted: benchmark pass@1 0.350 vs champion v1 0.300 (+5.0 pp); no environment or slice regressed."
+        tracking.describe_model_version("described", version, sentence)
+        tracking.describe_model_version("described", version, sentence)  # again, as a resumed run does
+        assert tracking.model_version_description("described", version) == sentence
+        assert tracking.model_version_tags("described", version) == {"iteration": "2"}
 
 
 class TestHelpersAndStatus:
