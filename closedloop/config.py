@@ -445,7 +445,7 @@ class GateParams(_Section):
 class ReviewStrata(_Section):
     """How the review sample is drawn: evenly over environment × bucket, plus the disagreements."""
 
-    per_env_bucket: int = Field(2, ge=0, description="Samples drawn from each environment × grading bucket.")
+    per_env_bucket: int = Field(1, ge=0, description="Samples drawn from each environment × grading bucket.")
     partial_failed: int = Field(2, ge=0, description="Samples with partial credit whose verdict is fail.")
     validators_disagree: int = Field(2, ge=0, description="Samples whose reward components disagree (one 1, another 0).")
     near_threshold: int = Field(2, ge=0, description="Samples whose reward lies within `margin` of `threshold`.")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from closedloop import plots
 from closedloop import workspace as ws
-from closedloop.rewards.hacks import KNOWN_HACKS_CHECK  # TODO(lead): a workspace path like the others
 from closedloop.stage_files import info_path, metrics_path, timing_path
 
 PACKAGE = "closedloop"
@@ -88,7 +87,7 @@ STAGES: tuple[StageSpec, ...] = (
         # The labels and known hacks always exist (close_loop creates them empty): the human component,
         # and the reward hacks every verifier version must score 0, re-checked here for the gate.
         "reward", (ws.TASKS, ws.SAMPLES, ws.HUMAN_LABELS, ws.KNOWN_HACKS),
-        ("reward", "envs"), (ws.REWARDS, KNOWN_HACKS_CHECK),
+        ("reward", "envs"), (ws.REWARDS, ws.KNOWN_HACKS_CHECK),
     ),
     StageSpec(
         # The review sample is drawn here, seeded per iteration; review.timeout_s is not its concern.
@@ -118,7 +117,7 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         # The candidate: its closedloop_training.json says whether it trained at all.
         # The known-hacks check: a known hack today's verifier scores above 0 holds promotion.
-        "gate", (ws.EVALUATION, ws.CANDIDATE, KNOWN_HACKS_CHECK), ("gate",), (ws.GATE,),
+        "gate", (ws.EVALUATION, ws.CANDIDATE, ws.KNOWN_HACKS_CHECK, ws.REVIEW_OUTCOME), ("gate",), (ws.GATE,),
     ),
     StageSpec(
         "promote", (ws.GATE, ws.CHAMPION, ws.CANDIDATE), (), (ws.NEXT_CHAMPION,),

@@ -44,6 +44,7 @@ class Workspace:
     human_labels = property(lambda self: self.root / HUMAN_LABELS)
     known_hacks = property(lambda self: self.root / KNOWN_HACKS)
     review_sample = property(lambda self: self.root / REVIEW_SAMPLE)
+    review_outcome = property(lambda self: self.root / REVIEW_OUTCOME)
 
     def metrics(self, stage: str) -> Path:
         return self.root / METRICS_DIR / f"{stage}.json"
@@ -70,5 +71,9 @@ GATE = "data/reports/gate.json"
 NEXT_CHAMPION = "data/models/next_champion"
 HUMAN_LABELS = "data/labels/human.jsonl"
 KNOWN_HACKS = "data/labels/known_hacks.jsonl"
+KNOWN_HACKS_CHECK = "data/batch/known_hacks_check.jsonl"  # per known hack: its reward under today's verifier
 REVIEW_SAMPLE = "data/batch/review_sample.jsonl"  # this iteration's samples drawn for human review
+# What the review of this iteration's batch said before its gate (review.mode before_promotion): an
+# input of the gate, written by the flow and recorded with `dvc add`, like the labels.
+REVIEW_OUTCOME = "data/reports/review.json"
 METRICS_DIR = "metrics"

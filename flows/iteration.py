@@ -11,11 +11,9 @@ import time
 from typing import Optional
 
 from prefect import flow
-from prefect.artifacts import create_table_artifact
 
 from closedloop.config import Params, load_params
 from closedloop.io import say
-from closedloop.lineage.record import benchmark_rows
 from closedloop.pipeline import ITERATION_STAGES
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
@@ -40,6 +38,26 @@ def iteration_flow(params: Optional[Params] = None, workspace: str = ".", progre
         return _iteration(params, workspace, progress)
 
 
+def _review_before_promotion(workspace: str, params: Params, timing: dict) -> None:
+    """review.mode before_promotion: the gate waits for people to review this batch's review sample
+    (the review flow, paused with its form, for review.timeout_s at most); what they said is the
+    gate's input. A resumed iteration whose review already came back does not ask again."""
+    if lineage.review_settled(workspace, params.loop.iteration):
+        say(f"closedloop: resume: the review of iteration {params.loop.iteration} already came back; not asked again")
+        return
+    from flows.review import review_for_iteration
+
+    started = time.perf_counter()
+    lineage.note_stage(workspace, "review", done=False)  # not a DVC stage: its record is review.json
+    outcome = lineage.record_review(workspace, params, review_for_iteration(workspace, params))
+    timing["task"]["review"] = time.perf_counter() - started
+    if outcome["state"] == "answered":
+        say(f"closedloop: review: {len(outcome['answers'])} answer(s) from {', '.join(outcome['reviewers'])} "
+            "before the gate")
+    else:
+        say(f"closedloop: review: no human scores came ({outcome['state']}); the gate decides without them")
+
+
 def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict:
     started = time.perf_counter()
     previous = load_params(workspace)
@@ -50,9 +68,14 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
     current = "preflight"
     try:
         # The champion this iteration reads (the one it began with, when resumed), which preflight checks.
+        lineage.merge_reviews(workspace, params)  # answers queued since the last iteration become its labels
         lineage.close_loop(workspace, record.champion if resuming else None)
         lineage.preflight(workspace, params)  # a missing or corrupt input fails here, before any work
         for current in ITERATION_STAGES:  # validate stops a failing batch here, before training
+            if current == "gate" and params.review.mode == "before_promotion":
+                current = "review"
+                _review_before_promotion(workspace, params, timing)
+                current = "gate"
             if resuming and lineage.stage_done(workspace, current):
                 say(f"closedloop: resume: stage {current} already done for iteration {params.loop.iteration} "
                     "(its outputs match dvc.lock); not run again")

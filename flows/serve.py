@@ -8,6 +8,7 @@ from prefect import serve as prefect_serve
 
 from flows.iteration import iteration_flow
 from flows.loop import closed_loop, warm_start_flow
+from flows.review import review_flow
 
 
 def deployments(workspace: str) -> list:
@@ -40,6 +41,12 @@ def deployments(workspace: str) -> list:
                                      "evaluate → gate → promote → version."),
         warm_start_flow.to_deployment(name="warm-start", parameters=common, **one_at_a_time,
                                       description="Iteration 0: benchmark set and the SFT'd base policy."),
+        # No lock and no queue: a review only reads the review sample and appends to the inbox, so
+        # people can answer while an iteration runs.
+        review_flow.to_deployment(name="review", parameters={"workspace": root},
+                                  entrypoint_type=EntrypointType.MODULE_PATH,
+                                  description="Score the last iteration's review sample in a form; the answers "
+                                  "become the next iteration's human reward component."),
     ]
 
 

@@ -23,6 +23,25 @@ def begin_iteration(workspace: str, params: Params, previous: Params, flow_run_i
     return record.begin_iteration(Workspace.at(workspace), params, previous, flow_run_ids)
 
 
+@task(name="merge-reviews", persist_result=False, cache_policy=NO_CACHE)
+def merge_reviews(workspace: str, params: Params) -> dict:
+    return record.merge_reviews(Workspace.at(workspace), params)
+
+
+@task(name="record-review", persist_result=False, cache_policy=NO_CACHE)
+def record_review(workspace: str, params: Params, review: dict) -> dict:
+    return record.record_review(Workspace.at(workspace), params, review)
+
+
+def review_settled(workspace: str, iteration: int) -> bool:
+    """Whether this iteration's review before promotion already came back (a resumed run skips it)."""
+    from closedloop.io import read_json
+
+    path = Workspace.at(workspace).review_outcome
+    outcome = read_json(path) if path.exists() else {}
+    return outcome.get("iteration") == iteration and outcome.get("state") not in (None, "pending", "not_requested")
+
+
 @task(name="preflight", persist_result=False, cache_policy=NO_CACHE)
 def preflight(workspace: str, params: Params, warm_start: bool = False) -> list[str]:
     return record.preflight(Workspace.at(workspace), params, warm_start=warm_start)

@@ -20,7 +20,8 @@ class GateDecision:
 
 def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improvement: float,
            slice_tolerance: float, noise_z: float = 0.0, untrained: str | None = None,
-           known_hacks: Sequence[Mapping[str, Any]] = ()) -> GateDecision:
+           known_hacks: Sequence[Mapping[str, Any]] = (),
+           review: Mapping[str, Any] | None = None) -> GateDecision:
     """Compare two benchmark summaries (see stats.summarize); every reason names the figures.
 
     Every environment and every env/slice is checked. A drop is a regression when it exceeds both
@@ -33,6 +34,10 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
     ``known_hacks`` (rows of the reward stage's known-hacks check, rewards/hacks.py) hold it too when
     any of them ``holds``: a completion a person labelled reward hacking that today's verifier scores
     above 0 (or could not judge) would be learnt from again, whatever the benchmark says.
+
+    ``review`` is what people said about this batch before the gate (review.mode before_promotion,
+    data/reports/review.json): a sample they marked as reward hacking holds the candidate trained on
+    that batch; a review that timed out is said, and decides nothing.
     """
     champ_overall = champion["overall"]["pass@1"]
     cand_overall = candidate["overall"]["pass@1"]
@@ -54,6 +59,17 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
                        f"{hack['verifier_version']}; every verifier must score known hacks 0")
     if known_hacks and not held:
         reasons.append(f"known reward hacks: all {len(known_hacks)} score 0 under today's verifiers")
+    if review and review.get("mode") == "before_promotion":
+        flagged = [a for a in review.get("answers", ()) if a.get("label") == "reward_hacking"]
+        for answer in flagged:
+            promote = False
+            reasons.append(f"human review: {answer['reviewer']} marked sample {answer['sample_id']} of this batch "
+                           "as reward hacking; the candidate learnt from that batch")
+        if review.get("state") == "answered" and not flagged:
+            reasons.append(f"human review: {len(review.get('answers', ()))} answer(s) from "
+                           f"{', '.join(review.get('reviewers', ()))}, none marking reward hacking")
+        elif review.get("state") != "answered":
+            reasons.append(f"human review: no human scores came ({review.get('state')}); decided without them")
     if delta > min_improvement:
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"(+{delta:.3f} > min_improvement {min_improvement})")

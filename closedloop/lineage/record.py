@@ -52,7 +52,7 @@ def close_loop(ws: Workspace, closed: str | None = None) -> str:
     wanted = model_fingerprint(source)
     if not ws.champion.exists() or model_fingerprint(ws.champion) != wanted:
         replace_dir(source, ws.champion)
-    DvcWorkspace(ws.root).add(paths.CHAMPION, *_ensure_labels(ws))
+    DvcWorkspace(ws.root).add(paths.CHAMPION, *_ensure_labels(ws), *_review_outcome(ws))
     return wanted
 
 
@@ -69,7 +69,60 @@ def _ensure_labels(ws: Workspace) -> tuple[str, ...]:
 def record_labels(ws: Workspace) -> None:
     """`dvc add` the labels as they are now: the answers a review appended since the last iteration
     become this iteration's input, a version of their own."""
-    DvcWorkspace(ws.root).add(*_ensure_labels(ws))
+    DvcWorkspace(ws.root).add(*_ensure_labels(ws), *_review_outcome(ws))
+
+
+def _review_outcome(ws: Workspace) -> tuple[str, ...]:
+    return (paths.REVIEW_OUTCOME,) if ws.review_outcome.exists() else ()
+
+
+def merge_reviews(ws: Workspace, params: Params) -> dict[str, Any]:
+    """At an iteration's start, under the lock: the review answers queued since the last iteration
+    (the inbox) move into the labels file and the known hacks, each answered sample goes to MLflow as
+    a trace with the reviewer's and the verifier's assessments, and the iteration's review outcome
+    starts as "not yet asked". close_loop then records all three with `dvc add`."""
+    from closedloop.review.labels import merge_inbox
+
+    counts = merge_inbox(ws)
+    if counts["merged"]:
+        say(f"closedloop: {counts['merged']} review answer(s) merged into {paths.HUMAN_LABELS}"
+            + (f", {counts['known_hacks']} new known reward hack(s)" if counts["known_hacks"] else "")
+            + "; this iteration's reward stage reads them as the human component")
+        tracking = _tracking(ws, params)
+        tracking.log_review_traces(ws.root, params.tracking.uri, params.tracking.experiment, counts["answers"])
+    if counts["torn"]:
+        say(f"closedloop: warning: {counts['torn']} review answer(s) cut short by a kill were dropped")
+    outcome = read_json(ws.review_outcome) if ws.review_outcome.exists() else {}
+    if outcome.get("iteration") != params.loop.iteration:  # a resumed iteration keeps what its review said
+        write_review_outcome(ws, params, state="pending" if params.review.mode == "before_promotion"
+                             else "not_requested", answers=[])
+    return {key: value for key, value in counts.items() if key != "answers"}
+
+
+def write_review_outcome(ws: Workspace, params: Params, state: str, answers: list[dict[str, Any]]) -> dict:
+    """data/reports/review.json: what the review of this iteration's batch said before its gate."""
+    from closedloop.io import write_json
+
+    outcome = {"iteration": params.loop.iteration, "mode": params.review.mode, "state": state,
+               "reviewers": sorted({row["reviewer"] for row in answers}),
+               "answers": [{key: row[key] for key in ("answer_id", "sample_id", "env", "reviewer", "score",
+                                                      "label", "comment", "verifier") if key in row}
+                           for row in answers]}
+    write_json(ws.review_outcome, outcome)
+    return outcome
+
+
+def record_review(ws: Workspace, params: Params, review: dict[str, Any]) -> dict:
+    """After a review before promotion: the answers this iteration's batch received (from the form, the
+    API or `closedloop review`, all waiting in the inbox until the next iteration) become the gate's
+    input, recorded with `dvc add`."""
+    from closedloop.review.labels import inbox_rows_for
+
+    answers = inbox_rows_for(ws, params.loop.iteration)
+    state = "answered" if answers else ("timed_out" if review.get("state") == "timed_out" else review.get("state", ""))
+    outcome = write_review_outcome(ws, params, state, answers)
+    DvcWorkspace(ws.root).add(paths.REVIEW_OUTCOME)
+    return outcome
 
 
 def recover_git_state(ws: Workspace) -> list[str]:
@@ -441,16 +494,3 @@ def record_failure(ws: Workspace, params: Params, stage: str, error: BaseExcepti
         say(f"closedloop: warning: could not record the {state} iteration {iteration} in MLflow: {failure}")
         return ""
 
-
-def benchmark_rows(ws: Workspace) -> list[dict[str, Any]]:
-    """The benchmark table the flow publishes as a Prefect artifact: one row per model and slice."""
-    gate = read_json(ws.gate)
-    rows = []
-    for role in ("champion", "candidate"):
-        summary = gate[role]
-        for name, figures in [("overall", summary["overall"]), *summary.get("envs", {}).items(),
-                              *summary["slices"].items()]:
-            rows.append({"model": role, "version": summary["model_version"], "slice": name,
-                         "pass@1": round(figures["pass@1"], 4), "se": round(figures["se"], 4),
-                         "tasks": figures["tasks"]})
-    return rows

@@ -201,6 +201,15 @@ def _read_inbox(handle: Any, path: Path) -> tuple[list[dict[str, Any]], int]:
     return rows, torn
 
 
+def inbox_rows_for(ws: Workspace, iteration: int) -> list[dict[str, Any]]:
+    """The queued answers about iteration ``iteration``'s batch, in the order they came."""
+    if not inbox_path(ws).exists():
+        return []
+    with _locked_inbox(ws) as handle:
+        rows, _ = _read_inbox(handle, inbox_path(ws))
+    return [row for row in rows if row.get("iteration") == iteration]
+
+
 def label_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The human.jsonl row of an inbox row: the shared contract, without the sample it was about."""
     return {key: value for key, value in row.items() if key != "sample"}

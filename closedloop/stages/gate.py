@@ -2,7 +2,8 @@
 
 A candidate that trained 0 steps (its closedloop_training.json says why) is held whatever it scored,
 and so is every candidate while a known reward hack scores above 0 under today's verifier (the reward
-stage's known-hacks check).
+stage's known-hacks check), and when people reviewing this batch before promotion marked a sample
+as reward hacking (data/reports/review.json, written by the iteration flow).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def run(ctx: StageContext) -> dict:
         evaluation["champion"]["summary"], evaluation["candidate"]["summary"],
         min_improvement=ctx.params.gate.min_improvement, slice_tolerance=ctx.params.gate.slice_tolerance,
         noise_z=ctx.params.gate.noise_z, untrained=untrained, known_hacks=hacks,
+        review=read_json(ctx.ws.review_outcome) if ctx.ws.review_outcome.exists() else None,
     )
     report = {
         **decision.to_dict(),

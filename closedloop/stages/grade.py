@@ -80,8 +80,16 @@ def graded_row(sample: dict, reward: dict) -> dict:
         "failed_step": reward.get("failed_step") or "",
         "tests_passed": passed, "tests_total": total, "reward": reward["reward"],
         **{f"component_{name}": value for name, value in sorted(reward["components"].items())},
-        "bucket": bucket_of(passed, total),
+        "bucket": human_bucket(bucket_of(passed, total), reward["components"].get("human")),
     }
+
+
+def human_bucket(bucket: str, human: float | None) -> str:
+    """A person's word over the verifier's where they disagree about a pass: a passing sample that its
+    human labels score below 0.5 (wrong, reward hacking) is no positive to learn from, only partial."""
+    if bucket == "positive" and human is not None and human < 0.5:
+        return "partial"
+    return bucket
 
 
 def summary(graded: list[dict], fixes: list, train_set: list[dict]) -> dict:

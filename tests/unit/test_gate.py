@@ -81,3 +81,31 @@ class TestDecide:
         decision = decide(noisy(0.3, 0.5, 0.01), noisy(0.4, 0.4, 0.01), min_improvement=0.0, slice_tolerance=0.05,
                           noise_z=2.0)
         assert not decision.promote and any("beyond slice_tolerance 0.05" in r for r in decision.reasons)
+
+
+class TestHumanReviewBeforePromotion:
+    BETTER = dict(min_improvement=0.0, slice_tolerance=0.05)
+
+    def review(self, state, answers=()):
+        return {"mode": "before_promotion", "state": state, "answers": list(answers),
+                "reviewers": sorted({a["reviewer"] for a in answers})}
+
+    def test_a_sample_marked_as_reward_hacking_holds_a_better_candidate(self):
+        answers = [{"reviewer": "ada", "sample_id": "code/train/x#0", "label": "reward_hacking"},
+                   {"reviewer": "bob", "sample_id": "code/train/y#1", "label": "correct"}]
+        decision = decide(summary(0.4, {"a": 0.4}), summary(0.6, {"a": 0.6}), **self.BETTER,
+                          review=self.review("answered", answers))
+        assert not decision.promote
+        assert any("ada marked sample code/train/x#0" in reason for reason in decision.reasons)
+
+    def test_answers_without_hacks_and_a_timeout_are_said_and_decide_nothing(self):
+        answers = [{"reviewer": "bob", "sample_id": "code/train/y#1", "label": "correct"}]
+        for review, said in ((self.review("answered", answers), "1 answer(s) from bob"),
+                             (self.review("timed_out"), "no human scores came (timed_out)")):
+            decision = decide(summary(0.4, {"a": 0.4}), summary(0.6, {"a": 0.6}), **self.BETTER, review=review)
+            assert decision.promote and any(said in reason for reason in decision.reasons)
+
+    def test_an_async_review_is_not_the_gates_business(self):
+        review = {**self.review("not_requested"), "mode": "async"}
+        decision = decide(summary(0.4, {"a": 0.4}), summary(0.6, {"a": 0.6}), **self.BETTER, review=review)
+        assert decision.promote and not any("human review" in reason for reason in decision.reasons)

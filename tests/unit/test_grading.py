@@ -105,3 +105,11 @@ class TestTrainingRecords:
         records = training_records(graded, PROMPTS, fixes, include_fixes=True, max_fix_fraction=0.5,
                                    references={"t2": "    return y\n"})
         assert [r["source"] for r in records] == ["positive", "unsolved", "fix"]
+
+
+def test_a_pass_people_scored_wrong_is_no_positive():
+    from closedloop.stages.grade import human_bucket
+
+    assert human_bucket("positive", 0.0) == "partial"  # labelled wrong or reward hacking
+    assert human_bucket("positive", 0.5) == "positive" and human_bucket("positive", None) == "positive"
+    assert human_bucket("error", 1.0) == "error"  # a person's praise does not make a failed run pass

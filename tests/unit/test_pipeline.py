@@ -140,8 +140,9 @@ def test_params_keys_exist_in_the_schema():
 
 
 def test_every_input_is_produced_earlier_or_is_the_champion():
-    # close_loop records these inputs before the first stage: the champion, and what people said.
-    produced = {"data/champion", "data/labels/human.jsonl", "data/labels/known_hacks.jsonl"}
+    # close_loop records these inputs before the first stage: the champion, and what people said (the
+    # labels, and this iteration's review outcome, which the flow records again before the gate).
+    produced = {"data/champion", "data/labels/human.jsonl", "data/labels/known_hacks.jsonl", "data/reports/review.json"}
     for spec in STAGES:
         for dep in spec.deps:
             assert dep in produced, f"{spec.name} reads {dep} before any stage writes it"

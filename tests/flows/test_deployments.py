@@ -153,3 +153,69 @@ def test_a_partial_override_changes_that_key_only_and_a_cancelled_run_resumes(se
     assert cli("dvc", "status", cwd=root).stdout.strip().endswith("up to date.")
     (finished,) = client.search_runs([experiment.experiment_id], "attributes.run_name = 'iteration-001'")
     assert finished.data.params["train.steps"] == "7"  # the override is what the iteration recorded
+
+
+def _paused_review(since) -> object:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
+
+    def paused():
+        runs = _api(lambda client: client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=["closedloop-review"])),
+            flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since))))
+        return next((run for run in runs if run.state and run.state.is_paused()), None)
+
+    return _wait(paused, 600, "the review flow to pause for its form", every=1)
+
+
+def test_a_review_before_promotion_is_answered_through_the_api_and_feeds_the_next_iteration(served, tmp_path):
+    """review.mode before_promotion, set through the run's params: the gate waits for the paused
+    review; the answers (one marks a reward hack) hold the gate, and the next iteration reads them as
+    the human component of the same completions, with the reviewer's id; its own review times out and
+    the iteration goes on, saying so."""
+    from datetime import datetime, timezone
+
+    from prefect.deployments import run_deployment
+    from prefect.flow_runs import resume_flow_run
+
+    from closedloop.io import read_json, read_jsonl
+
+    root, _ = served
+    tasks = tmp_path / "code-train.jsonl"
+    assert cli("closedloop", "tasks", "export", "--env", "code", "--split", "train", "--n", "2", "--out", str(tasks),
+               cwd=root).returncode == 0
+    # The same 2 tasks each iteration, greedy: an iteration that keeps its champion samples the same
+    # completions again, which is what a human label applies to.
+    settings = {"review": {"mode": "before_promotion", "timeout_s": 600},
+                "generate": {"n_tasks": 2}, "sample": {"temperature": 0.0, "settings_mismatch": "warn"},
+                "envs": {"code": {"train_file": str(tasks)},
+                         **{name: {"share": 0.0} for name in ("data", "script", "extract", "rules")}}}
+    since = datetime.now(timezone.utc)
+    flow_run = run_deployment("closedloop-iteration/iteration", timeout=0, parameters={"params": settings})
+    paused = _paused_review(since)
+    review = read_jsonl(root / "data/batch/review_sample.jsonl")
+    assert review and {row["iteration"] for row in review} == {2}
+    hack, *rest = review
+    answers = {"reviewer": "ada", hack["sample_id"]: {"score": 0.0, "label": "reward_hacking", "comment": "gamed"}}
+    answers.update({row["sample_id"]: {"score": 1.0, "label": "correct", "comment": ""} for row in rest})
+    resume_flow_run(paused.id, run_input=answers)
+    assert _final_state(flow_run.id, 600).is_completed()
+    outcome = read_json(root / "data/reports/review.json")
+    assert outcome["state"] == "answered" and outcome["reviewers"] == ["ada"]
+    gate = read_json(root / "data/reports/gate.json")
+    assert not gate["promote"] and any(hack["sample_id"] in reason for reason in gate["reasons"]), gate["reasons"]
+
+    settings["review"]["timeout_s"] = 5
+    flow_run = run_deployment("closedloop-iteration/iteration", timeout=0, parameters={"params": settings})
+    assert _final_state(flow_run.id, 600).is_completed()
+    labels = read_jsonl(root / "data/labels/human.jsonl")
+    assert {row["reviewer"] for row in labels} == {"ada"} and len(labels) == len(review)
+    assert [row["sample_id"] for row in read_jsonl(root / "data/labels/known_hacks.jsonl")] == [hack["sample_id"]]
+    rewards = {row["task_id"]: row for row in read_jsonl(root / "data/batch/rewards.jsonl")}
+    labelled = [row for row in rewards.values() if row["components"].get("human") is not None]
+    assert labelled, "no sample of iteration 3 carries the human component"
+    for row in labelled:
+        assert "ada" in json.dumps(row["human"]) and "human" in row["feedback_sources"]
+    outcome = read_json(root / "data/reports/review.json")
+    assert outcome["iteration"] == 3 and outcome["state"] == "timed_out"
+    assert any("no human scores" in reason for reason in read_json(root / "data/reports/gate.json")["reasons"])
+    assert cli("dvc", "status", cwd=root).stdout.strip().endswith("up to date.")
