@@ -126,7 +126,10 @@ def version_like_the_loop(root: Path, make_model, log_weights: bool) -> dict:
     def recorded(stage: str, files: dict[Path, object]) -> None:  # the stage's small outputs + its commit
         for path, data in files.items():
             (write_jsonl(path, data) if path.suffix == ".jsonl" else write_json(path, data))
-        write_json(ws.metrics(stage), {})
+        from closedloop.pipeline import stage_spec
+
+        for small in (*stage_spec(stage).metrics, *stage_spec(stage).files):  # metrics, timing, info, plots
+            write_json(ws.path(small), {})
         dvc.commit(stage)
 
     def timed(name: str, step):

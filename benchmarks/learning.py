@@ -48,6 +48,7 @@ def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
     gate = read_json(ws.gate)
     train = read_json(ws.metrics("train"))
     grade = read_json(ws.metrics("grade"))
+    timing = read_json(ws.root / "metrics/timing/train.json")  # seconds and throughput live apart
     examples = train.get("examples", {})
     return {
         "mode": mode, "iteration": iteration, "wall_s": round(wall_s, 1), "promoted": bool(gate["promote"]),
@@ -55,8 +56,8 @@ def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
         "positives": grade["buckets"]["positive"], "tasks_solved": grade["tasks_solved"],
         "fix_pairs": grade["fix_pairs"], "trained_on": examples, "replay": train.get("replay", {}),
         "skipped_groups": train.get("skipped_groups"), "groups": train.get("groups"),
-        "train_steps": train["steps"], "train_tokens": train["tokens"], "train_tokens_per_s": train["tokens_per_s"],
-        "train_seconds": train["seconds"],
+        "train_steps": train["steps"], "train_tokens": train["tokens"], "train_tokens_per_s": timing["tokens_per_s"],
+        "train_seconds": timing["seconds"],
     }
 
 
@@ -196,7 +197,7 @@ def main() -> None:
     if not args.from_warmstart:
         closed_loop(iterations=0, workspace=str(base))
     warm_seconds = time.perf_counter() - started if not args.from_warmstart else float(
-        read_json(Workspace.at(base).metrics("warmstart"))["seconds"])
+        read_json(base / "metrics/timing/warmstart.json")["seconds"])
     warm = pass_rates(read_json(Workspace.at(base).warmstart_eval)["summary"])
     print(f"warm start  pass@1 {warm['overall']:.3f}  | "
           + " ".join(f"{env} {value:.3f}" for env, value in warm.items() if env != "overall")

@@ -101,7 +101,9 @@ def summary(graded: list[dict], fixes: list, train_set: list[dict]) -> dict:
         solved[row["task_id"]] |= row["bucket"] == "positive"
     return {
         "samples": len(graded),
-        "buckets": bucket_counts(graded),
+        # DVC takes a key named "error" anywhere in a metrics file for a load failure: the bucket is
+        # "errored" here (dvc.utils.errored_revisions); graded.jsonl keeps the bucket's own name.
+        "buckets": {("errored" if name == "error" else name): n for name, n in bucket_counts(graded).items()},
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
         "pass_rate": {env: sum(v) / len(v) for env, v in sorted(per_env.items())},

@@ -37,7 +37,7 @@ def test_an_iteration_samples_and_evaluates_through_the_managed_server(ran):
     # The server gives no log-probabilities: the rollouts say so, and the trainer is the one to fill them.
     rollouts = read_jsonl(root / "data/batch/rollouts.jsonl")
     assert all(r["logprobs"] is None and r["token_ids"] for r in rollouts)
-    assert read_json(root / "metrics/sample.json")["logprobs_from"] == "trainer"
+    assert read_json(root / "metrics/info/sample.json")["logprobs_from"] == "trainer"
     evaluation = read_json(root / "data/reports/evaluation.json")
     assert set(evaluation) == {"champion", "candidate"}
     # Every managed server was stopped with its stage.

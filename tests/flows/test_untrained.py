@@ -4,7 +4,6 @@ not registered, and no alias moves."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -59,7 +58,9 @@ def test_the_stage_and_the_gate_record_it(untrained):
 
     root, _ = untrained
     ws = Workspace.at(root)
-    metrics = read_json(ws.metrics("train"))
+    from closedloop.stage_files import stage_result
+
+    metrics = stage_result(ws.root, "train")  # untrained_reason is in metrics/info/train.json
     assert metrics["steps"] == 0 and metrics["trained"] is False and "reward spread" in metrics["untrained_reason"]
     assert read_json(ws.candidate / TRAINING_FILE)["trained"] is False
     gate = read_json(ws.gate)

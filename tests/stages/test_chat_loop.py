@@ -55,7 +55,7 @@ def test_a_whole_iteration_runs_on_chat_formatted_prompts(chat):
     for model in (chat.warmstart_model, chat.candidate):
         saved = read_json(model / "closedloop_sampling.json")
         assert {key: saved[key] for key in expected} == expected
-    assert read_json(chat.metrics("sample"))["prompt_format"] == "chat"
+    assert read_json(chat.root / "metrics/info/sample.json")["prompt_format"] == "chat"
     # The rendered prompt (system message, user turn, assistant header) is what the model read.
     samples = read_jsonl(chat.samples)
     task = read_jsonl(chat.tasks)[0]

@@ -9,6 +9,7 @@ import pytest
 
 from closedloop.config import ConfigError, load_params
 from closedloop.io import read_json, read_jsonl, replace_dir
+from closedloop.stage_files import stage_result
 from closedloop.stages import StageError, run_stage
 from closedloop.workspace import Workspace
 
@@ -40,8 +41,7 @@ def test_every_stage_wrote_its_outputs_and_metrics(done):
     for spec in STAGES:
         for out in spec.outs:
             assert (done.root / out).exists(), f"{spec.name} did not write {out}"
-        metrics = read_json(done.metrics(spec.name))
-        assert metrics["seconds"] >= 0
+        assert read_json(done.root / "metrics/timing" / f"{spec.name}.json")["seconds"] >= 0
 
 
 def test_benchmark_and_training_tasks_are_disjoint(done):
@@ -153,7 +153,7 @@ def test_gate_report_names_its_reasons(done):
     gate = read_json(done.gate)
     assert isinstance(gate["promote"], bool) and gate["reasons"]
     assert "overall pass@1" in gate["reasons"][0]
-    promoted = read_json(done.metrics("promote"))
+    promoted = stage_result(done.root, "promote")  # model_version is in metrics/info/promote.json
     from closedloop.models.loading import model_fingerprint
 
     expected = done.candidate if gate["promote"] else done.champion
@@ -282,7 +282,7 @@ def _training_record(ws: Workspace) -> dict:
 
 def test_the_training_mode_is_recorded_with_the_model(done):
     record = _training_record(done)
-    assert record["mode"] == "rft" == read_json(done.metrics("train"))["mode"]
+    assert record["mode"] == "rft" == stage_result(done.root, "train")["mode"]
     assert record["params"]["steps"] == load_params(done.root).train.steps
     assert set(record["data"]) >= {"reference"}
 

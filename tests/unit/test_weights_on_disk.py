@@ -63,7 +63,8 @@ def commit_stage(root: Path, stage: str, outputs: dict[str, object] | None = Non
             write_jsonl(root / dep, [{"stand_in": dep}]) if dep.endswith(".jsonl") else write_json(root / dep, {})
     for relative, data in (outputs or {}).items():
         (write_jsonl if relative.endswith(".jsonl") else write_json)(root / relative, data)
-    write_json(Workspace.at(root).metrics(stage), {})
+    for small in (*stage_spec(stage).metrics, *stage_spec(stage).files):  # metrics, timing, info, plots
+        write_json(root / small, {})
     DvcWorkspace(root).commit(stage)
 
 
