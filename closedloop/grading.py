@@ -51,7 +51,7 @@ def build_fix_pairs(graded: list[dict[str, Any]], prompts: dict[str, str], per_t
     pairs: list[FixPair] = []
     for task_id in sorted(by_task):
         rows = sorted(by_task[task_id], key=lambda r: r["sample_index"])
-        passing = _distinct(r for r in rows if r["bucket"] == POSITIVE)
+        passing = _distinct(r for r in rows if r["bucket"] == POSITIVE and not r.get("human_veto", False))
         failing = _distinct(r for r in rows if r["bucket"] != POSITIVE and r["status"] != "infra_error")
         if not passing:
             continue
@@ -108,7 +108,8 @@ def training_records(
     for row in sorted(graded, key=lambda r: r["sample_id"]):
         key = (row["task_id"], row["completion"])
         frontier = passes[row["task_id"]] <= max_task_pass_rate * samples[row["task_id"]] + 1e-9
-        if row["bucket"] == POSITIVE and frontier and key not in seen:
+        vetoed = row.get("human_veto", False)  # a pass people rejected (stages/grade.py) is not learnt
+        if row["bucket"] == POSITIVE and frontier and key not in seen and not vetoed:
             seen.add(key)
             records.append(
                 {"source": "positive", "task_id": row["task_id"], "origin": row["sample_id"],

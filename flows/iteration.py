@@ -68,7 +68,7 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
     current = "preflight"
     try:
         # The champion this iteration reads (the one it began with, when resumed), which preflight checks.
-        lineage.merge_reviews(workspace, params)  # answers queued since the last iteration become its labels
+        lineage.merge_reviews(workspace, params, resuming)  # answers queued since the last iteration: its labels
         lineage.close_loop(workspace, record.champion if resuming else None)
         lineage.preflight(workspace, params)  # a missing or corrupt input fails here, before any work
         for current in ITERATION_STAGES:  # validate stops a failing batch here, before training

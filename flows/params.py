@@ -30,5 +30,9 @@ def workspace_params(workspace: str, given: Optional[Params]) -> Params:
     base = load_params(workspace)
     if given is None:
         return base
-    settings = given_settings(given, deployment_defaults())
+    # A whole form (every section set, as the UI sends it) is compared with the defaults it started
+    # from; a partial override (the API, a script) is applied exactly as given, even a value equal to
+    # those defaults: it was named on purpose.
+    whole_form = set(type(given).model_fields) <= given.model_fields_set
+    settings = given_settings(given, deployment_defaults() if whole_form else None)
     return merge_settings(base, settings, source="the run's params (laid over params.yaml)")

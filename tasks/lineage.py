@@ -24,8 +24,8 @@ def begin_iteration(workspace: str, params: Params, previous: Params, flow_run_i
 
 
 @task(name="merge-reviews", persist_result=False, cache_policy=NO_CACHE)
-def merge_reviews(workspace: str, params: Params) -> dict:
-    return record.merge_reviews(Workspace.at(workspace), params)
+def merge_reviews(workspace: str, params: Params, resuming: bool = False) -> dict:
+    return record.merge_reviews(Workspace.at(workspace), params, resuming)
 
 
 @task(name="record-review", persist_result=False, cache_policy=NO_CACHE)
@@ -33,13 +33,9 @@ def record_review(workspace: str, params: Params, review: dict) -> dict:
     return record.record_review(Workspace.at(workspace), params, review)
 
 
+# Not a task: a look-up on resume only.
 def review_settled(workspace: str, iteration: int) -> bool:
-    """Whether this iteration's review before promotion already came back (a resumed run skips it)."""
-    from closedloop.io import read_json
-
-    path = Workspace.at(workspace).review_outcome
-    outcome = read_json(path) if path.exists() else {}
-    return outcome.get("iteration") == iteration and outcome.get("state") not in (None, "pending", "not_requested")
+    return record.review_settled(Workspace.at(workspace), iteration)
 
 
 @task(name="preflight", persist_result=False, cache_policy=NO_CACHE)

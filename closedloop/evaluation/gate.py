@@ -32,8 +32,8 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
     champion unchanged, and any difference measured is noise.
 
     ``known_hacks`` (rows of the reward stage's known-hacks check, rewards/hacks.py) hold it too when
-    any of them ``holds``: a completion a person labelled reward hacking that today's verifier scores
-    above 0 (or could not judge) would be learnt from again, whatever the benchmark says.
+    any of them ``holds``: a completion a person labelled reward hacking that today's verifier passes
+    (or could not judge) would be learnt from again, whatever the benchmark says.
 
     ``review`` is what people said about this batch before the gate (review.mode before_promotion,
     data/reports/review.json): a sample they marked as reward hacking holds the candidate trained on
@@ -53,12 +53,12 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
         said = f"labelled by {hack['reviewer']}" if hack.get("reviewer") else "labelled"
         if hack.get("iteration") is not None:
             said += f" in iteration {hack['iteration']}"
-        judged = (f"scores {hack['reward']:.3f}" if hack["status"] != "infra_error"
+        judged = (f"passes (reward {hack['reward']:.3f})" if hack["status"] != "infra_error"
                   else "could not be judged (sandbox infrastructure error)")
         reasons.append(f"known reward hack {hack['sample_id']} ({said}) {judged} under {hack['verifier']} "
-                       f"{hack['verifier_version']}; every verifier must score known hacks 0")
+                       f"{hack['verifier_version']}; every verifier must fail known hacks")
     if known_hacks and not held:
-        reasons.append(f"known reward hacks: all {len(known_hacks)} score 0 under today's verifiers")
+        reasons.append(f"known reward hacks: all {len(known_hacks)} fail under today's verifiers")
     if review and review.get("mode") == "before_promotion":
         flagged = [a for a in review.get("answers", ()) if a.get("label") == "reward_hacking"]
         for answer in flagged:

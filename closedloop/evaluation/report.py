@@ -95,13 +95,21 @@ def decision_sentence(gate: Mapping[str, Any], champion_version: str | None) -> 
         return f"Promoted: {overall}; {regressions}."
     required = gate.get("settings", {}).get("min_improvement", 0.0)
     improved = cand - champ > required
+    holds = [r for r in gate.get("reasons", []) if _holds(r)]  # what held it besides the figures
+    also = f"; also held: {'; '.join(holds)}" if holds else ""
     if improved and not bad:
-        others = [r for r in gate.get("reasons", []) if not _is_figure_reason(r)]
+        others = holds or [r for r in gate.get("reasons", []) if not _is_figure_reason(r)]
         why = "; ".join(others) if others else "see the gate's reasons"
         return f"Held: {overall}; {why}."
     if improved:
-        return f"Held: {regressions}; {overall}."
-    return f"Held: {overall} does not exceed the required improvement of {points(required)}; {regressions}."
+        return f"Held: {regressions}; {overall}{also}."
+    return f"Held: {overall} does not exceed the required improvement of {points(required)}; {regressions}{also}."
+
+
+def _holds(reason: str) -> bool:
+    """The gate's reasons that hold a candidate whatever its figures: a known reward hack its verifier
+    still accepts, a sample of its batch people marked as reward hacking."""
+    return reason.startswith("known reward hack ") or " as reward hacking;" in reason
 
 
 def warm_start_sentence(summary: Mapping[str, Any]) -> str:

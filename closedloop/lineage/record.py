@@ -52,51 +52,79 @@ def close_loop(ws: Workspace, closed: str | None = None) -> str:
     wanted = model_fingerprint(source)
     if not ws.champion.exists() or model_fingerprint(ws.champion) != wanted:
         replace_dir(source, ws.champion)
-    DvcWorkspace(ws.root).add(paths.CHAMPION, *_ensure_labels(ws), *_review_outcome(ws))
+    DvcWorkspace(ws.root).add(paths.CHAMPION, *_ensure_labels(ws))
     return wanted
 
 
 def _ensure_labels(ws: Workspace) -> tuple[str, ...]:
-    """The human labels and known hacks files, created empty when missing: the reward stage reads them
-    (dvc.yaml deps), so they exist from the first iteration on, answered or not."""
-    for path in (ws.human_labels, ws.known_hacks):
+    """The human labels and known hacks files, and the review outcome the gate reads (dvc.yaml deps):
+    created empty when missing, so they exist from the first iteration on, answered or not.
+
+    A file DVC recorded (its .dvc pointer is there) that is missing now is not made anew: recording an
+    empty file would erase every label and known hack from the next version."""
+    for relative in (paths.HUMAN_LABELS, paths.KNOWN_HACKS):
+        path = ws.root / relative
         if not path.exists():
+            if (ws.root / f"{relative}.dvc").exists():
+                raise FileNotFoundError(f"{relative} is missing, but {relative}.dvc records it: restore it with "
+                                        f"`dvc checkout {relative}` (or `dvc pull {relative}`) before the next run")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()
-    return paths.HUMAN_LABELS, paths.KNOWN_HACKS
+    if not ws.review_outcome.exists():
+        from closedloop.io import write_json
+
+        write_json(ws.review_outcome, {"iteration": None, "mode": "off", "state": "not_requested",
+                                       "reviewers": [], "answers": []})
+    return paths.HUMAN_LABELS, paths.KNOWN_HACKS, paths.REVIEW_OUTCOME
 
 
 def record_labels(ws: Workspace) -> None:
     """`dvc add` the labels as they are now: the answers a review appended since the last iteration
     become this iteration's input, a version of their own."""
-    DvcWorkspace(ws.root).add(*_ensure_labels(ws), *_review_outcome(ws))
+    DvcWorkspace(ws.root).add(*_ensure_labels(ws))
 
 
-def _review_outcome(ws: Workspace) -> tuple[str, ...]:
-    return (paths.REVIEW_OUTCOME,) if ws.review_outcome.exists() else ()
-
-
-def merge_reviews(ws: Workspace, params: Params) -> dict[str, Any]:
+def merge_reviews(ws: Workspace, params: Params, resuming: bool = False) -> dict[str, Any]:
     """At an iteration's start, under the lock: the review answers queued since the last iteration
     (the inbox) move into the labels file and the known hacks, each answered sample goes to MLflow as
     a trace with the reviewer's and the verifier's assessments, and the iteration's review outcome
-    starts as "not yet asked". close_loop then records all three with `dvc add`."""
-    from closedloop.review.labels import merge_inbox
+    starts as "not yet asked". close_loop then records all three with `dvc add`.
 
-    counts = merge_inbox(ws)
-    if counts["merged"]:
-        say(f"closedloop: {counts['merged']} review answer(s) merged into {paths.HUMAN_LABELS}"
-            + (f", {counts['known_hacks']} new known reward hack(s)" if counts["known_hacks"] else "")
-            + "; this iteration's reward stage reads them as the human component")
-        tracking = _tracking(ws, params)
-        tracking.log_review_traces(ws.root, params.tracking.uri, params.tracking.experiment, counts["answers"])
-    if counts["torn"]:
-        say(f"closedloop: warning: {counts['torn']} review answer(s) cut short by a kill were dropped")
-    outcome = read_json(ws.review_outcome) if ws.review_outcome.exists() else {}
+    A resumed iteration merges nothing: its inputs must be what its first attempt read, and answers
+    about its own batch (queued while it ran, or given to its review before the kill) must stay in
+    the inbox for its gate and for the next iteration."""
+    from closedloop.review.labels import merge_inbox, queued_answers
+
+    _ensure_labels(ws)
+    counts = {"merged": 0, "duplicates": 0, "known_hacks": 0, "torn": 0}
+    if not resuming:
+        queued = queued_answers(ws)
+        if queued:
+            # Before the merge empties the inbox: traces are looked up by answer id, so a run killed
+            # after logging them logs nothing twice; one that fails to log them keeps the answers.
+            try:
+                _tracking(ws, params).log_review_traces(ws.root, params.tracking.uri, params.tracking.experiment,
+                                                         queued)
+            except Exception as error:  # noqa: BLE001  (a view of the labels; the labels file is the record)
+                say(f"closedloop: warning: the review answers could not be logged as MLflow traces: {error}")
+        counts = merge_inbox(ws)
+        if counts["merged"]:
+            say(f"closedloop: {counts['merged']} review answer(s) merged into {paths.HUMAN_LABELS}"
+                + (f", {counts['known_hacks']} new known reward hack(s)" if counts["known_hacks"] else "")
+                + "; this iteration's reward stage reads them as the human component")
+        if counts["torn"]:
+            say(f"closedloop: warning: {counts['torn']} review answer(s) cut short by a kill were dropped")
+    outcome = read_json(ws.review_outcome)
     if outcome.get("iteration") != params.loop.iteration:  # a resumed iteration keeps what its review said
         write_review_outcome(ws, params, state="pending" if params.review.mode == "before_promotion"
                              else "not_requested", answers=[])
     return {key: value for key, value in counts.items() if key != "answers"}
+
+
+def review_settled(ws: Workspace, iteration: int) -> bool:
+    """Whether this iteration's review before promotion already came back (a resumed run skips it)."""
+    outcome = read_json(ws.review_outcome) if ws.review_outcome.exists() else {}
+    return outcome.get("iteration") == iteration and outcome.get("state") not in (None, "pending", "not_requested")
 
 
 def write_review_outcome(ws: Workspace, params: Params, state: str, answers: list[dict[str, Any]]) -> dict:

@@ -164,8 +164,13 @@ def append_to_inbox(ws: Workspace, rows: Iterable[Mapping[str, Any]]) -> int:
     if not text:
         return 0
     with _locked_inbox(ws) as handle:
-        handle.write(text)
-        handle.flush()
+        handle.seek(0)
+        existing = handle.read()
+        if existing and not existing.endswith("\n"):
+            # A write a kill cut short: drop its partial line, or this one would be glued onto it and
+            # leave a bad line in the middle of the inbox, which stops every later merge.
+            handle.truncate(len(existing[: existing.rfind("\n") + 1].encode("utf-8")))
+        os.write(handle.fileno(), text.encode("utf-8"))  # O_APPEND: one write, at the end
         os.fsync(handle.fileno())
     return text.count("\n")
 
@@ -201,13 +206,18 @@ def _read_inbox(handle: Any, path: Path) -> tuple[list[dict[str, Any]], int]:
     return rows, torn
 
 
-def inbox_rows_for(ws: Workspace, iteration: int) -> list[dict[str, Any]]:
-    """The queued answers about iteration ``iteration``'s batch, in the order they came."""
+def queued_answers(ws: Workspace) -> list[dict[str, Any]]:
+    """Every answer waiting in the inbox, in the order they came."""
     if not inbox_path(ws).exists():
         return []
     with _locked_inbox(ws) as handle:
         rows, _ = _read_inbox(handle, inbox_path(ws))
-    return [row for row in rows if row.get("iteration") == iteration]
+    return rows
+
+
+def inbox_rows_for(ws: Workspace, iteration: int) -> list[dict[str, Any]]:
+    """The queued answers about iteration ``iteration``'s batch, in the order they came."""
+    return [row for row in queued_answers(ws) if row.get("iteration") == iteration]
 
 
 def label_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Known reward hacks: completions a reviewer labelled ``reward_hacking``, which every later verifier
-version must score 0. The reward stage re-verifies each one with today's verifiers (its row carries the
+version must fail. The reward stage re-verifies each one with today's verifiers (its row carries the
 task record and the completion, so the check outlives the batch it came from); the gate holds while
-any of them scores above 0, or could not be judged at all.
+the verifier passes any of them, or could not judge one at all. Each one's reward is reported too
+(``scoring_above_zero``): partial credit a hack still earns is what issue-16-style fixes drive to 0.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def check_known_hacks(hacks: list[dict[str, Any]], verifiers: Any,
                       version_of: Callable[[str, Any], str]) -> list[dict[str, Any]]:
     """One row per known hack: today's verdict, its reward by the environment's verifier weights (no
     human component: the question is whether the verifier alone is fooled), and whether it holds the
-    gate (``holds``: a reward above 0, or a verdict that is not a judgement, e.g. a sandbox failure).
+    gate (``holds``: a passing verdict, or one that is not a judgement, e.g. a sandbox failure).
 
     ``verifiers`` is an EnvPools; ``weights_of(env)`` and ``version_of(name, env)`` give an
     environment's verifier weights and version. A hack of an environment params.yaml no longer
@@ -94,7 +95,11 @@ def check_known_hacks(hacks: list[dict[str, Any]], verifiers: Any,
             rows[hack["answer_id"]] = {
                 **_identity(hack), "verifier": f"verifier:{env_name}", "verifier_version": version,
                 "status": verdict.status, "passed": verdict.passed, "components": verdict.components,
-                "reward": reward, "holds": reward > 0 or verdict.status == "infra_error"}
+                # It holds the gate while the verifier still accepts it (or cannot judge it). Its
+                # reward is reported as well, but partial credit alone does not hold: a well-formed,
+                # runnable code answer earns the syntax and runs components (0.2 of the code weights)
+                # under any verifier, and holding on that would hold every later gate for good.
+                "reward": reward, "holds": bool(verdict.passed) or verdict.status == "infra_error"}
     return [rows[hack["answer_id"]] for hack in hacks]  # in the file's order
 
 

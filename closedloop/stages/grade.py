@@ -80,16 +80,16 @@ def graded_row(sample: dict, reward: dict) -> dict:
         "failed_step": reward.get("failed_step") or "",
         "tests_passed": passed, "tests_total": total, "reward": reward["reward"],
         **{f"component_{name}": value for name, value in sorted(reward["components"].items())},
-        "bucket": human_bucket(bucket_of(passed, total), reward["components"].get("human")),
+        "bucket": bucket_of(passed, total),
+        # The bucket stays what the checks say (the batch validation rebuilds it from them), but a
+        # pass people scored below 0.5 (wrong, reward hacking) is not learnt from: grading.py skips it.
+        "human_veto": human_veto(reward["components"].get("human")),
     }
 
 
-def human_bucket(bucket: str, human: float | None) -> str:
-    """A person's word over the verifier's where they disagree about a pass: a passing sample that its
-    human labels score below 0.5 (wrong, reward hacking) is no positive to learn from, only partial."""
-    if bucket == "positive" and human is not None and human < 0.5:
-        return "partial"
-    return bucket
+def human_veto(human: float | None) -> bool:
+    """Whether people's labels reject this sample: their mean score is below 0.5."""
+    return human is not None and human < 0.5
 
 
 def summary(graded: list[dict], fixes: list, train_set: list[dict]) -> dict:

@@ -1,6 +1,6 @@
 """The reward stage composing its feedback sources on a tmp workspace (the rules environment only, a
 handful of samples): human labels, a user's source from params.yaml, the known-hacks re-check, and
-the gate that holds on a known hack today's verifier still rewards."""
+the gate that holds on a known hack today's verifier still passes."""
 
 from __future__ import annotations
 
@@ -177,8 +177,8 @@ def gate_inputs(ws: Workspace) -> None:
 
 
 @pytest.mark.parametrize("which, promote", [
-    ("wrong", True),  # a hack today's verifier scores 0: the gate decides on the figures
-    ("reference", False),  # a completion the verifier still gives full marks: held, naming it
+    ("wrong", True),  # a hack today's verifier fails: the gate decides on the figures
+    ("reference", False),  # a completion the verifier still passes: held, naming it
 ])
 def test_a_known_hack_the_verifier_still_rewards_holds_the_gate(ws, which, promote):
     tasks = {t["task_id"]: t for t in read_jsonl(ws.tasks)}
@@ -188,9 +188,9 @@ def test_a_known_hack_the_verifier_still_rewards_holds_the_gate(ws, which, promo
     run_stage("reward", ws.root)
     [checked] = read_jsonl(ws.path(KNOWN_HACKS_CHECK))
     assert checked["sample_id"] == chosen["sample_id"] and checked["verifier"] == "verifier:rules"
-    assert (checked["reward"] > 0) is (not promote) and checked["holds"] is (not promote)
+    assert checked["passed"] is (not promote) and checked["holds"] is (not promote)
     figures = read_json(ws.metrics("reward"))["known_hacks"]
-    assert figures == {"total": 1, "scoring_above_zero": int(not promote), "not_judged": 0, "skipped": 0}
+    assert figures == {"total": 1, "scoring_above_zero": int(checked["reward"] > 0), "not_judged": 0, "skipped": 0}
 
     gate_inputs(ws)
     run_stage("gate", ws.root)
@@ -198,9 +198,10 @@ def test_a_known_hack_the_verifier_still_rewards_holds_the_gate(ws, which, promo
     assert gate["promote"] is promote
     if not promote:
         assert any(reason.startswith(f"known reward hack {chosen['sample_id']} (labelled by ada in iteration 0) "
-                                     f"scores {checked['reward']:.3f} under verifier:rules ") for reason in gate["reasons"])
+                                     f"passes (reward {checked['reward']:.3f}) under verifier:rules ")
+                   for reason in gate["reasons"])
     else:
-        assert "known reward hacks: all 1 score 0 under today's verifiers" in gate["reasons"]
+        assert "known reward hacks: all 1 fail under today's verifiers" in gate["reasons"]
 
 
 def test_no_labels_and_no_hacks_write_an_empty_check(ws):

@@ -164,17 +164,18 @@ BETTER = {"overall": {"pass@1": 0.8, "se": 0.0}, "envs": {}, "slices": {}}
 
 def hack(reward: float, status: str = "failed") -> dict:
     return {"sample_id": "rules/train/core/x#1", "reward": reward, "status": status,
-            "holds": reward > 0 or status == "infra_error", "verifier": "verifier:rules",
+            "holds": status in ("passed", "infra_error"), "verifier": "verifier:rules",
             "verifier_version": "abc123def456", "reviewer": "ada", "iteration": 3}
 
 
 class TestGateHoldsOnKnownHacks:
     @pytest.mark.parametrize("hacks, promote, reason", [
         ([], True, None),  # no known hacks: the figures decide
-        ([hack(0.0)], True, "known reward hacks: all 1 score 0 under today's verifiers"),
-        ([hack(0.0), hack(0.6)], False,
-         "known reward hack rules/train/core/x#1 (labelled by ada in iteration 3) scores 0.600 under "
-         "verifier:rules abc123def456; every verifier must score known hacks 0"),
+        ([hack(0.0)], True, "known reward hacks: all 1 fail under today's verifiers"),
+        ([hack(0.4)], True, "known reward hacks: all 1 fail"),  # partial credit alone does not hold
+        ([hack(0.0), hack(1.0, "passed")], False,
+         "known reward hack rules/train/core/x#1 (labelled by ada in iteration 3) passes (reward 1.000) under "
+         "verifier:rules abc123def456; every verifier must fail known hacks"),
         ([hack(0.0, "infra_error")], False, "could not be judged (sandbox infrastructure error)"),
     ])
     def test_a_known_hack_above_zero_holds_naming_it(self, hacks, promote, reason):

@@ -107,9 +107,13 @@ class TestTrainingRecords:
         assert [r["source"] for r in records] == ["positive", "unsolved", "fix"]
 
 
-def test_a_pass_people_scored_wrong_is_no_positive():
-    from closedloop.stages.grade import human_bucket
 
-    assert human_bucket("positive", 0.0) == "partial"  # labelled wrong or reward hacking
-    assert human_bucket("positive", 0.5) == "positive" and human_bucket("positive", None) == "positive"
-    assert human_bucket("error", 1.0) == "error"  # a person's praise does not make a failed run pass
+def test_a_pass_people_scored_wrong_is_not_learnt_from():
+    from closedloop.grading import training_records
+    from closedloop.stages.grade import human_veto
+
+    assert human_veto(0.0) and not human_veto(0.5) and not human_veto(None)
+    rows = [{"sample_id": f"t#{i}", "task_id": "t", "completion": text, "bucket": "positive", "status": "ok",
+             "sample_index": i, "human_veto": veto} for i, (text, veto) in enumerate((("a", True), ("b", False)))]
+    records = training_records(rows, {"t": "p"}, [], include_fixes=False, max_fix_fraction=0.0)
+    assert [r["completion"] for r in records if r["source"] == "positive"] == ["b"]

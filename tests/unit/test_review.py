@@ -233,3 +233,41 @@ class TestKappa:
         result = agreement(pairs)
         assert result["confusion"] == {"both_pass": 2, "human_only": 1, "verifier_only": 1, "both_fail": 1}
         assert result["n"] == 5 and result["kappa"] == pytest.approx(cohen_kappa(*map(list, zip(*pairs))))
+
+
+def test_an_append_after_a_torn_write_drops_the_torn_line_and_keeps_the_inbox_readable(tmp_path):
+    import json
+
+    from closedloop.review.labels import append_to_inbox, inbox_path, queued_answers
+    from closedloop.workspace import Workspace
+
+    ws = Workspace.at(tmp_path)
+    append_to_inbox(ws, [{"answer_id": "a1", "iteration": 1}])
+    with inbox_path(ws).open("a", encoding="utf-8") as handle:
+        handle.write('{"answer_id": "a2", "itera')  # a kill mid-write: no newline
+    append_to_inbox(ws, [{"answer_id": "a3", "iteration": 1}])
+    assert [row["answer_id"] for row in queued_answers(ws)] == ["a1", "a3"]
+    assert all(json.loads(line) for line in inbox_path(ws).read_text().splitlines())
+
+
+def test_a_resumed_iteration_merges_no_answers_and_a_recorded_labels_file_is_never_made_anew(tmp_path):
+    import pytest
+
+    from closedloop.config import Params
+    from closedloop.io import read_json
+    from closedloop.lineage.record import merge_reviews
+    from closedloop.review.labels import append_to_inbox, queued_answers
+    from closedloop.workspace import HUMAN_LABELS, Workspace
+
+    ws = Workspace.at(tmp_path)
+    params = Params.model_validate({"loop": {"iteration": 3}, "review": {"mode": "before_promotion"}})
+    append_to_inbox(ws, [{"answer_id": "a1", "iteration": 3, "reviewer": "ada"}])
+    assert merge_reviews(ws, params, resuming=True)["merged"] == 0
+    assert [row["answer_id"] for row in queued_answers(ws)] == ["a1"]  # kept for this iteration's gate
+    assert ws.human_labels.read_text() == "" and read_json(ws.review_outcome)["state"] == "pending"
+
+    ws.human_labels.unlink()
+    (tmp_path / f"{HUMAN_LABELS}.dvc").write_text("outs:\n- md5: 0\n")
+    with pytest.raises(FileNotFoundError, match="dvc checkout data/labels/human.jsonl"):
+        merge_reviews(ws, params, resuming=True)
+    assert not ws.human_labels.exists()
