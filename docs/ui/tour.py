@@ -74,8 +74,9 @@ def shoot(url: str, path: Path, *, steps=(), height: int = 1000, settle_s: float
         browser = p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
                                     args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1440, "height": height})
-        page.goto(url, wait_until="networkidle")
-        time.sleep(2)
+        # "load", not "networkidle": the MLflow UI polls its server, so the network may never idle.
+        page.goto(url, wait_until="load", timeout=120_000)
+        time.sleep(5)
         for step in steps:
             step(page)
             time.sleep(1)
@@ -145,7 +146,8 @@ def main(out: Path, mlflow_from: Path | None = None) -> int:
                 return None
 
         iteration = wait(deployment, 120, "the served deployments")
-        shoot(f"{ui}/deployments/deployment/{iteration.id}", out / "prefect-deployment.png")
+        # Run → Custom run: the params form, filled from the workspace's params.yaml.
+        shoot(f"{ui}/deployments/deployment/{iteration.id}/run", out / "prefect-deployment.png", height=1300)
 
         def paused_review():
             runs = api(lambda c: c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["closedloop-review"]))))
