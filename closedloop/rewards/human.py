@@ -100,9 +100,13 @@ class HumanLabels:
         """Only samples a label applies to get the component, the ``human`` row field (score, who said
         it, which answers) and the labels' version among their sources: a batch nobody reviewed
         writes the rows it wrote before human review existed."""
-        result = Feedback(components={}, figures={"human": {"labels": len(self.labels), "applied": 0},
-                                                  "agreement": agreement_by_env(self.labels)},
-                          sources={self.name: self.version})
+        # Agreement over every label so far, and over the labels of the batch reviewed last alone (the
+        # figure that moves with a verifier's change, iteration by iteration).
+        batches = [label["iteration"] for label in self.labels if isinstance(label.get("iteration"), int)]
+        last = [label for label in self.labels if batches and label.get("iteration") == max(batches)]
+        figures = {"human": {"labels": len(self.labels), "applied": 0, "last_batch": max(batches, default=-1)},
+                   "agreement": agreement_by_env(self.labels), "agreement_last_batch": agreement_by_env(last)}
+        result = Feedback(components={}, figures=figures, sources={self.name: self.version})
         for sample in samples:
             found = self.matching(sample)
             if not found:

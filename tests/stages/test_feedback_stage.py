@@ -104,8 +104,8 @@ def test_human_labels_apply_to_the_same_completion_and_leave_other_rows_as_they_
     untouched = set(before) - {first["sample_id"], samples[1]["sample_id"]}
     assert untouched and all(after[sid] == before[sid] for sid in untouched)  # byte for byte the same rows
     metrics = read_json(ws.metrics("reward"))
-    assert metrics["human"] == {"labels": 2, "applied": 2}
-    assert metrics["agreement"]["rules"]["n"] == 2
+    assert metrics["human"] == {"labels": 2, "applied": 2, "last_batch": 0}
+    assert metrics["agreement"]["rules"]["n"] == 2 and metrics["agreement_last_batch"]["rules"]["n"] == 2
     assert only_numbers(metrics)
 
 

@@ -51,7 +51,7 @@ class TestHumanMatching:
                                                       "answer_ids": ["a1", "a2"],
                                                       "labels": ["correct", "reward_hacking"]}}}
         assert feedback.named == {"t1#0": {"human": "labels-v1"}}
-        assert feedback.figures["human"] == {"labels": 3, "applied": 1}
+        assert feedback.figures["human"] == {"labels": 3, "applied": 1, "last_batch": 1}
 
 
 class TestLabelsFile:
@@ -185,3 +185,22 @@ class TestGateHoldsOnKnownHacks:
             assert any(reason in line for line in decision.reasons), decision.reasons
         else:
             assert not any("hack" in line for line in decision.reasons)
+
+
+def test_agreement_of_the_last_reviewed_batch_stands_beside_the_cumulative_one():
+    from closedloop.rewards.feedback import feedback_of
+    from closedloop.rewards.human import HumanLabels
+
+    def label(iteration, human_score, verifier_passed, n):
+        return {"answer_id": f"a{iteration}-{n}", "sample_id": f"s{iteration}-{n}", "task_id": f"t{n}", "env": "code",
+                "completion_sha256": "x", "model_version": "m", "iteration": iteration, "reviewer": "ada",
+                "score": human_score, "label": "correct" if human_score >= 0.5 else "wrong", "comment": "",
+                "time": "2026-12-01T00:00:00Z", "verifier": {"passed": verifier_passed, "reward": 0.0, "status": "x"}}
+
+    # batch 1: people and verifier agree twice; batch 2: they disagree twice
+    labels = [label(1, 1.0, True, 0), label(1, 0.0, False, 1), label(2, 0.0, True, 2), label(2, 1.0, False, 3)]
+    figures = feedback_of(HumanLabels(labels, "v"), {}, []).figures
+    assert figures["human"]["last_batch"] == 2
+    assert figures["agreement"]["code"]["n"] == 4 and figures["agreement_last_batch"]["code"]["n"] == 2
+    assert figures["agreement_last_batch"]["code"]["kappa"] == -1.0
+    assert figures["agreement"]["code"]["kappa"] == 0.0
