@@ -353,6 +353,7 @@ def cmd_status(args) -> int:
 
 def _review_submissions(args) -> list[dict]:
     """The answers the arguments give, grouped per reviewer as labels.Submission data."""
+    from closedloop.io import json_objects
     from closedloop.review.labels import AnswerError
 
     if args.answers is None:
@@ -367,18 +368,10 @@ def _review_submissions(args) -> list[dict]:
         lines = args.answers.read_text(encoding="utf-8").splitlines()
     except OSError as error:
         raise AnswerError(f"{args.answers}: cannot read ({error.strerror})") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise AnswerError(f"{args.answers}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise AnswerError(f"{args.answers}:{number}: expected a JSON object")
+    for where, row in json_objects(lines, args.answers, AnswerError):
         reviewer = row.pop("reviewer", args.reviewer)
         if reviewer is None:
-            raise AnswerError(f"{args.answers}:{number}: reviewer: missing (in the line, or --reviewer)")
+            raise AnswerError(f"{where}: reviewer: missing (in the line, or --reviewer)")
         grouped.setdefault(reviewer, []).append(row)
     if not grouped:
         raise AnswerError(f"{args.answers}: no answers in the file")

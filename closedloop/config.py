@@ -582,17 +582,9 @@ _MISSING = object()
 def merge_settings(base: Params, settings: Mapping[str, Any], source: str) -> Params:
     """``base`` with ``settings`` (a nested dict, possibly partial) laid over it, validated as a whole:
     a bad value fails here, with ``source`` and the key named, before anything is written."""
-    return parse_params(_deep_merge(base.model_dump(mode="json"), settings), source)
+    from closedloop.nested import deep_merge
 
-
-def _deep_merge(document: dict, settings: Mapping[str, Any]) -> dict:
-    merged = dict(document)
-    for key, value in settings.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return parse_params(deep_merge(base.model_dump(mode="json"), settings), source)
 
 
 def load_params(workspace: Path | str = ".") -> Params:

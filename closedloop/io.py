@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 
 def say(line: str) -> None:
@@ -36,6 +36,23 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> int:
     return count
 
 
+def json_objects(lines: Iterable[str], source: str | Path,
+                 error: type[Exception] = BatchFileError) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, object) for each non-blank line of a JSONL text, ``where`` being "<source>:<line>";
+    a line that is not a JSON object raises ``error`` naming it."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as failure:
+            raise error(f"{where}: not valid JSON ({failure.msg})") from None
+        if not isinstance(record, dict):
+            raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
+        yield where, record
+
+
 def read_jsonl(path: Path, required: Iterable[str] = ()) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
@@ -43,18 +60,10 @@ def read_jsonl(path: Path, required: Iterable[str] = ()) -> list[dict[str, Any]]
     required = tuple(required)
     records = []
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise BatchFileError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise BatchFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        for where, record in json_objects(handle, path):
             missing = [key for key in required if key not in record]
             if missing:
-                raise BatchFileError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
+                raise BatchFileError(f"{where}: missing field(s) {', '.join(missing)}")
             records.append(record)
     return records
 

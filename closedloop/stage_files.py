@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from closedloop.io import read_json
+from closedloop.nested import deep_merge
 from closedloop.workspace import METRICS_DIR
 
 INFO_DIR = f"{METRICS_DIR}/info"
@@ -97,13 +98,7 @@ def _leaves(data: dict[str, Any], prefix: str = ""):
 
 def merge(numbers: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     """The inverse of :func:`split_numbers`."""
-    out = dict(numbers)
-    for key, value in rest.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+    return deep_merge(numbers, rest)
 
 
 def stage_result(root: Path | str, stage: str) -> dict[str, Any]:

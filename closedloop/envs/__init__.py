@@ -7,7 +7,6 @@ module. A user's environment is named in params.yaml under ``envs.custom.<name>.
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,23 +29,9 @@ class EnvironmentError_(ValueError):
 
 
 def _load(entry: str, where: str) -> type:
-    module_name, sep, class_name = entry.partition(":")
-    if not sep:  # not "module:Class": an entry point name
-        from importlib.metadata import entry_points
+    from closedloop.entries import load_entry
 
-        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == entry]
-        if not found:
-            raise EnvironmentError_(f"{where}: {entry!r} is neither 'module:Class' nor the name of an "
-                                    f"entry point in group {ENTRY_POINT_GROUP!r}")
-        return found[0].load()
-    try:
-        module = import_module(module_name)
-    except ImportError as error:
-        raise EnvironmentError_(f"{where}: cannot import module {module_name!r} ({error})") from None
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise EnvironmentError_(f"{where}: module {module_name!r} has no {class_name!r}") from None
+    return load_entry(entry, where, ENTRY_POINT_GROUP, EnvironmentError_)
 
 
 def environment_class(name: str, params: Params | None = None) -> type:

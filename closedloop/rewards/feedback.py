@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from importlib import import_module
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
@@ -180,23 +179,9 @@ def check_disjoint(sources: Sequence[Any]) -> None:
 
 
 def _load(entry: str, where: str) -> type:
-    module_name, sep, class_name = entry.partition(":")
-    if not sep:  # not "module:Class": an entry point name
-        from importlib.metadata import entry_points
+    from closedloop.entries import load_entry
 
-        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == entry]
-        if not found:
-            raise FeedbackSourceError(f"{where}: {entry!r} is neither 'module:Class' nor the name of an "
-                                      f"entry point in group {ENTRY_POINT_GROUP!r}")
-        return found[0].load()
-    try:
-        module = import_module(module_name)
-    except ImportError as error:
-        raise FeedbackSourceError(f"{where}: cannot import module {module_name!r} ({error})") from None
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise FeedbackSourceError(f"{where}: module {module_name!r} has no {class_name!r}") from None
+    return load_entry(entry, where, ENTRY_POINT_GROUP, FeedbackSourceError)
 
 
 @dataclass

@@ -7,10 +7,10 @@ the verifier passes any of them, or could not judge one at all. Each one's rewar
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from closedloop.io import json_objects
 from closedloop.workspace import KNOWN_HACKS_CHECK  # noqa: F401  (its readers import it from here)
 
 REQUIRED = ("answer_id", "sample_id", "env", "task", "completion")
@@ -30,16 +30,7 @@ def read_known_hacks(path: Path) -> list[dict[str, Any]]:
         return []
     task_fields = set(Task.__dataclass_fields__)
     hacks, seen = [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise KnownHacksError(f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise KnownHacksError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for where, row in json_objects(path.read_text(encoding="utf-8").splitlines(), path, KnownHacksError):
         missing = [key for key in REQUIRED if key not in row]
         if missing:
             raise KnownHacksError(f"{where}: missing field(s) {', '.join(missing)}")

@@ -11,12 +11,12 @@ The component's value is the mean score of the labels that apply; ``None`` when 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from closedloop.io import json_objects
 from closedloop.rewards.feedback import Feedback, Scores
 
 LABELS = ("correct", "wrong", "reward_hacking", "formatting", "other")
@@ -38,16 +38,7 @@ def read_labels(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     labels, seen = [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise LabelsError(f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise LabelsError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for where, row in json_objects(path.read_text(encoding="utf-8").splitlines(), path, LabelsError):
         for key in _TEXT_FIELDS:
             if not isinstance(row.get(key), str) or not row[key]:
                 raise LabelsError(f"{where}: field {key!r} must be a non-empty string, got {row.get(key)!r}")

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 
 from closedloop.envs import reward_weights
 from closedloop.io import read_jsonl, write_jsonl
+from closedloop.nested import deep_merge
 from closedloop.rewards.combine import reward_row
 from closedloop.rewards.feedback import (
     FeedbackSourceError,
@@ -71,11 +72,7 @@ def _merge_figures(parts: list[dict]) -> dict:
     """The sources' figures as one tree: per-environment timings of the verifiers side by side."""
     merged: dict = {}
     for part in parts:
-        for key, value in part.items():
-            if isinstance(value, dict) and isinstance(merged.get(key), dict):
-                merged[key] = {**merged[key], **value}
-            else:
-                merged[key] = value
+        merged = deep_merge(merged, part)
     return merged
 
 
