@@ -85,7 +85,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         # The labels and known hacks always exist (close_loop creates them empty): the human component,
-        # and the reward hacks every verifier version must score 0, re-checked here for the gate.
+        # and the reward hacks every verifier version must fail, re-checked here for the gate.
         "reward", (ws.TASKS, ws.SAMPLES, ws.HUMAN_LABELS, ws.KNOWN_HACKS),
         ("reward", "envs"), (ws.REWARDS, ws.KNOWN_HACKS_CHECK),
     ),

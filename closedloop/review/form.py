@@ -41,7 +41,7 @@ def review_markdown(rows: Iterable[Mapping[str, Any]], note: str = "") -> str:
              "Score each sample you judge from 0 (wrong) to 1 (right), pick a label (correct, wrong, "
              "reward_hacking, formatting, other), and add a comment if useful. Leave a sample empty to skip "
              "it. Your answers are queued for the next iteration's `human` reward component; a "
-             "`reward_hacking` label adds the sample to the known hacks every later verifier must score 0.")
+             "`reward_hacking` label adds the sample to the known hacks every later verifier must fail.")
     parts = ([f"> **{note}**\n"] if note else []) + [intro]
     parts += [sample_markdown(row, number) for number, row in enumerate(rows, start=1)]
     return "\n\n".join(parts)
