@@ -45,6 +45,8 @@ class Workspace:
     known_hacks = property(lambda self: self.root / KNOWN_HACKS)
     review_sample = property(lambda self: self.root / REVIEW_SAMPLE)
     review_outcome = property(lambda self: self.root / REVIEW_OUTCOME)
+    canary_check = property(lambda self: self.root / CANARY_CHECK)
+    monitors_report = property(lambda self: self.root / MONITORS_REPORT)
 
     def metrics(self, stage: str) -> Path:
         return self.root / METRICS_DIR / f"{stage}.json"
@@ -72,6 +74,9 @@ NEXT_CHAMPION = "data/models/next_champion"
 HUMAN_LABELS = "data/labels/human.jsonl"
 KNOWN_HACKS = "data/labels/known_hacks.jsonl"
 KNOWN_HACKS_CHECK = "data/batch/known_hacks_check.jsonl"  # per known hack: its reward under today's verifier
+# The benchmark canary: fixed stored completions (references, blanks) scored by today's verifiers.
+CANARY_CHECK = "data/batch/canary_check.jsonl"
+MONITORS_REPORT = "data/reports/monitors.json"  # every monitor's verdict over this batch and its history
 REVIEW_SAMPLE = "data/batch/review_sample.jsonl"  # this iteration's samples drawn for human review
 # What the review of this iteration's batch said before its gate (review.mode before_promotion): an
 # input of the gate, written by the flow and recorded with `dvc add`, like the labels.
