@@ -18,6 +18,7 @@ from closedloop.rewards.feedback import (
     feedback_of,
     source_weights,
 )
+from closedloop.rewards.canary import canary_figures, canary_set, check_canary
 from closedloop.rewards.hacks import KNOWN_HACKS_CHECK, KnownHacksError, check_known_hacks, hack_figures, read_known_hacks
 from closedloop.rewards.human import LabelsError
 from closedloop.rewards.sources import feedback_sources, verifier_version
@@ -48,11 +49,16 @@ def run(ctx: StageContext) -> dict:
             raise StageError(str(error)) from None
         checked = check_known_hacks(hacks, verifiers, lambda env: reward_weights(env, ctx.params),
                                     lambda name, env: verifier_version(name, env, ctx.params))
+        # The benchmark canary: fixed completions under today's verifiers (a change is a verifier's).
+        canary = check_canary(canary_set(read_jsonl(ctx.ws.benchmark_tasks), ctx.params.monitors.canary_per_env),
+                              verifiers, lambda env: reward_weights(env, ctx.params),
+                              lambda name, env: verifier_version(name, env, ctx.params))
         isolation = verifiers.isolation()
 
     rows = [reward_row(sample, feedbacks, weights[sample["env"]], versions["combiner"]) for sample in samples]
     write_jsonl(ctx.ws.rewards, rows)
     write_jsonl(ctx.ws.path(KNOWN_HACKS_CHECK), checked)
+    write_jsonl(ctx.ws.canary_check, canary)
     named = {key: version for feedback in feedbacks for key, version in feedback.sources.items()}
     figures = _merge_figures([feedback.figures for feedback in feedbacks])
     return {
@@ -62,6 +68,7 @@ def run(ctx: StageContext) -> dict:
         "reward_mean": _mean([row["reward"] for row in rows]),
         "per_env": {env: _env_figures([r for r in rows if r["env"] == env]) for env in env_names},
         "known_hacks": hack_figures(checked),
+        "canary": canary_figures(canary),
         # Strings: run_stage keeps them out of metrics/reward.json, in metrics/info/reward.json.
         "isolation": isolation,
         "feedback_sources": {**versions, **named},
