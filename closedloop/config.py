@@ -433,6 +433,62 @@ class EvaluateParams(_Section):
     batch_size: int = Field(256, gt=0)
 
 
+# The monitors' names, fixed: closedloop/monitors/registry.py implements one function per name.
+MONITOR_NAMES = (
+    "reward_shift", "verifier_shift", "proxy_gold_divergence", "length_inflation",
+    "format_only_wins", "grpo_health", "anomaly_rates", "canary",
+)
+
+
+class MonitorThreshold(_Section):
+    """Above ``warn`` a monitor warns, above ``fail`` it fails (every monitor's value is higher-is-worse)."""
+
+    warn: float = Field(description="The monitor warns when its value exceeds this.")
+    fail: Optional[float] = Field(
+        None, description="The monitor fails when its value exceeds this (null: it only ever warns).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "MonitorThreshold":
+        if self.fail is not None and self.fail < self.warn:
+            raise ValueError(f"fail ({self.fail}) must not be below warn ({self.warn})")
+        return self
+
+
+class MonitorsParams(_Section):
+    enabled: bool = Field(True, description="Run the monitors stage's checks (off: every monitor is skipped).")
+    history: int = Field(3, ge=0, description="Previous iterations' batches (DVC experiments) each batch is compared with.")
+    versions: list[str] = Field(
+        default_factory=list,
+        description="The experiments compared with, oldest first; set by the loop from `history` before each iteration.",
+    )
+    block_promotion: list[str] = Field(
+        default_factory=list, description="Monitors whose fail makes the gate hold the candidate.",
+    )
+    thresholds: dict[str, MonitorThreshold] = Field(
+        default_factory=dict, description="Per-monitor {warn, fail} overriding the defaults (closedloop/monitors).",
+    )
+    canary_per_env: int = Field(
+        4, ge=0, description="Benchmark tasks per environment in the canary set (their references and blank answers).",
+    )
+
+    @field_validator("block_promotion")
+    @classmethod
+    def _known_blocking(cls, names: list[str]) -> list[str]:
+        unknown = [name for name in names if name not in MONITOR_NAMES]
+        if unknown:
+            raise ValueError(f"unknown monitor {', '.join(map(repr, unknown))}; the monitors are {', '.join(MONITOR_NAMES)}")
+        return names
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known_thresholds(cls, thresholds: dict) -> dict:
+        unknown = [name for name in thresholds if name not in MONITOR_NAMES]
+        if unknown:
+            raise ValueError(f"unknown monitor {', '.join(map(repr, unknown))}; the monitors are {', '.join(MONITOR_NAMES)}")
+        return thresholds
+
+
 class GateParams(_Section):
     min_improvement: float = Field(0.0, ge=0.0, description="Overall pass@1 gain the candidate must exceed.")
     slice_tolerance: float = Field(0.05, ge=0.0, description="Largest pass@1 drop allowed on any env or env/slice.")
@@ -495,6 +551,7 @@ class Params(_Section):
     warmstart: WarmstartParams = WarmstartParams()
     train: TrainParams = TrainParams()
     evaluate: EvaluateParams = EvaluateParams()
+    monitors: MonitorsParams = MonitorsParams()
     gate: GateParams = GateParams()
     review: ReviewParams = ReviewParams()
     tracking: TrackingParams = TrackingParams()
