@@ -10,17 +10,11 @@ from collections import Counter, defaultdict
 from closedloop.envs import reward_weights
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.nested import deep_merge
-from closedloop.rewards.combine import reward_row
-from closedloop.rewards.feedback import (
-    FeedbackSourceError,
-    build_sources,
-    check_disjoint,
-    feedback_of,
-    source_weights,
-)
+from closedloop.rewards.feedback import FeedbackSourceError
 from closedloop.rewards.canary import canary_figures, canary_set, check_canary
 from closedloop.rewards.hacks import KNOWN_HACKS_CHECK, KnownHacksError, check_known_hacks, hack_figures, read_known_hacks
 from closedloop.rewards.human import LabelsError
+from closedloop.rewards.scoring import score_batch
 from closedloop.rewards.sources import feedback_sources, verifier_version
 from closedloop.stages.common import EnvPools, StageContext, StageError, load_tasks
 
@@ -39,12 +33,8 @@ def run(ctx: StageContext) -> dict:
     env_names = sorted({s["env"] for s in samples})
     with EnvPools(ctx.params) as verifiers:
         try:
-            sources = build_sources(ctx.params, verifiers, env_names, ctx.ws.human_labels)
-            weights = {}
-            for env_name, verifier in sources.verifiers.items():
-                check_disjoint([verifier, *sources.shared])
-                weights[env_name] = source_weights(reward_weights(verifiers.env(env_name), ctx.params), sources.shared)
-            feedbacks = [feedback_of(source, tasks, samples) for source in sources.all()]
+            rows, feedbacks = score_batch(ctx.params, tasks, samples, verifiers, ctx.ws.human_labels,
+                                          combiner_version=versions["combiner"])
         except (LabelsError, FeedbackSourceError) as error:
             raise StageError(str(error)) from None
         checked = check_known_hacks(hacks, verifiers, lambda env: reward_weights(env, ctx.params),
@@ -55,7 +45,6 @@ def run(ctx: StageContext) -> dict:
                               lambda name, env: verifier_version(name, env, ctx.params))
         isolation = verifiers.isolation()
 
-    rows = [reward_row(sample, feedbacks, weights[sample["env"]], versions["combiner"]) for sample in samples]
     write_jsonl(ctx.ws.rewards, rows)
     write_jsonl(ctx.ws.path(KNOWN_HACKS_CHECK), checked)
     write_jsonl(ctx.ws.canary_check, canary)
