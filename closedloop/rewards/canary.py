@@ -10,6 +10,7 @@ Pure apart from the verifiers it is handed (an EnvPools), like rewards/hacks.py 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from closedloop.workspace import CANARY_CHECK  # noqa: F401  (its readers import it from here)
@@ -32,6 +33,18 @@ def canary_set(benchmark_tasks: list[Mapping[str, Any]], per_env: int) -> list[t
             for kind, completion in (("reference", task["reference"]), ("blank", "")):
                 canary.append((f"{task['task_id']}#{kind}", env, dict(task), kind, completion))
     return canary
+
+
+def benchmark_records(path: Path) -> list[dict[str, Any]]:
+    """The benchmark tasks the canary is drawn from. A workspace without a benchmark yet (a stage run on
+    its own, outside the pipeline, whose dvc.yaml makes the file a dep of the reward stage) has no
+    canary: said on stderr, and the canary monitor then says it was skipped."""
+    from closedloop.io import read_jsonl, say
+
+    if not Path(path).exists():
+        say(f"closedloop: warning: {path} not found: no benchmark canary this time")
+        return []
+    return read_jsonl(path, required=("task_id", "env", "reference"))
 
 
 def check_canary(canary: list[tuple[str, str, dict, str, str]], verifiers: Any,
@@ -72,9 +85,13 @@ def check_canary(canary: list[tuple[str, str, dict, str, str]], verifiers: Any,
     return [rows[entry[0]] for entry in canary]  # in the set's order
 
 
-def canary_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers only, for metrics/reward.json: per kind, how many and their mean reward."""
+def canary_figures(rows: list[dict[str, Any]], seconds: float | None = None) -> dict[str, Any]:
+    """Numbers only, for metrics/reward.json: how many, the mean reward per kind, and (given the
+    seconds the check took) its throughput ``verifications_per_s``, which run_stage moves to the
+    timing file with the other clock figures (stage_files.split_rates)."""
     figures: dict[str, Any] = {"total": len(rows)}
+    if seconds is not None and rows:
+        figures["verifications_per_s"] = round(len(rows) / max(seconds, 1e-9), 2)
     for kind in KINDS:
         rewards = [r["reward"] for r in rows if r["kind"] == kind and r["reward"] is not None]
         figures[f"{kind}_mean"] = round(sum(rewards) / len(rewards), 6) if rewards else 0.0

@@ -5,13 +5,14 @@ produced it. Then every known reward hack is re-verified with today's verifiers,
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 
 from closedloop.envs import reward_weights
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.nested import deep_merge
 from closedloop.rewards.feedback import FeedbackSourceError
-from closedloop.rewards.canary import canary_figures, canary_set, check_canary
+from closedloop.rewards.canary import benchmark_records, canary_figures, canary_set, check_canary
 from closedloop.rewards.hacks import KNOWN_HACKS_CHECK, KnownHacksError, check_known_hacks, hack_figures, read_known_hacks
 from closedloop.rewards.human import LabelsError
 from closedloop.rewards.scoring import score_batch
@@ -40,9 +41,11 @@ def run(ctx: StageContext) -> dict:
         checked = check_known_hacks(hacks, verifiers, lambda env: reward_weights(env, ctx.params),
                                     lambda name, env: verifier_version(name, env, ctx.params))
         # The benchmark canary: fixed completions under today's verifiers (a change is a verifier's).
-        canary = check_canary(canary_set(read_jsonl(ctx.ws.benchmark_tasks), ctx.params.monitors.canary_per_env),
-                              verifiers, lambda env: reward_weights(env, ctx.params),
+        started = time.perf_counter()
+        fixed = canary_set(benchmark_records(ctx.ws.benchmark_tasks), ctx.params.monitors.canary_per_env)
+        canary = check_canary(fixed, verifiers, lambda env: reward_weights(env, ctx.params),
                               lambda name, env: verifier_version(name, env, ctx.params))
+        canary_seconds = time.perf_counter() - started  # its share of the stage (benchmarks/iteration.py)
         isolation = verifiers.isolation()
 
     write_jsonl(ctx.ws.rewards, rows)
@@ -57,7 +60,7 @@ def run(ctx: StageContext) -> dict:
         "reward_mean": _mean([row["reward"] for row in rows]),
         "per_env": {env: _env_figures([r for r in rows if r["env"] == env]) for env in env_names},
         "known_hacks": hack_figures(checked),
-        "canary": canary_figures(canary),
+        "canary": canary_figures(canary, canary_seconds),
         # Strings: run_stage keeps them out of metrics/reward.json, in metrics/info/reward.json.
         "isolation": isolation,
         "feedback_sources": {**versions, **named},
