@@ -21,7 +21,9 @@ class GateDecision:
 def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improvement: float,
            slice_tolerance: float, noise_z: float = 0.0, untrained: str | None = None,
            known_hacks: Sequence[Mapping[str, Any]] = (),
-           review: Mapping[str, Any] | None = None) -> GateDecision:
+           review: Mapping[str, Any] | None = None,
+           monitors_holding: Sequence[Mapping[str, Any]] = (),
+           monitors_failing: Sequence[Mapping[str, Any]] = ()) -> GateDecision:
     """Compare two benchmark summaries (see stats.summarize); every reason names the figures.
 
     Every environment and every env/slice is checked. A drop is a regression when it exceeds both
@@ -38,6 +40,10 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
     ``review`` is what people said about this batch before the gate (review.mode before_promotion,
     data/reports/review.json): a sample they marked as reward hacking holds the candidate trained on
     that batch; a review that timed out is said, and decides nothing.
+
+    ``monitors_holding`` (results of data/reports/monitors.json, MonitorResult.to_dict) are the failing
+    monitors named in ``monitors.block_promotion``: each holds the candidate, whatever its figures.
+    ``monitors_failing`` are the other failing monitors: said, deciding nothing.
     """
     champ_overall = champion["overall"]["pass@1"]
     cand_overall = candidate["overall"]["pass@1"]
@@ -70,6 +76,11 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
                            f"{', '.join(review.get('reviewers', ()))}, none marking reward hacking")
         elif review.get("state") != "answered":
             reasons.append(f"human review: no human scores came ({review.get('state')}); decided without them")
+    for monitor in monitors_holding:
+        promote = False
+        reasons.append(f"{monitor_reason(monitor)}; monitors.block_promotion holds the candidate")
+    for monitor in monitors_failing:
+        reasons.append(f"{monitor_reason(monitor)}; not in monitors.block_promotion, so it holds nothing")
     if delta > min_improvement:
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"(+{delta:.3f} > min_improvement {min_improvement})")
@@ -100,3 +111,11 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
         else:
             reasons.append(f"{name}: {slice_delta:+.3f} within {why}")
     return GateDecision(promote=promote, reasons=reasons, overall_delta=delta, slice_deltas=slice_deltas)
+
+
+def monitor_reason(monitor: Mapping[str, Any]) -> str:
+    """The gate's words for one failing monitor, e.g. "monitor anomaly_rates (version 1) failed: <its
+    message> (value 0.400 > fail 0.150)"."""
+    value, fail = monitor.get("value"), monitor.get("fail")
+    figures = f" (value {value:.3f} > fail {fail:g})" if value is not None and fail is not None else ""
+    return f"monitor {monitor['name']} (version {monitor['version']}) failed: {monitor['message'].rstrip('.')}{figures}"

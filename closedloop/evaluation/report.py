@@ -108,8 +108,10 @@ def decision_sentence(gate: Mapping[str, Any], champion_version: str | None) -> 
 
 def _holds(reason: str) -> bool:
     """The gate's reasons that hold a candidate whatever its figures: a known reward hack its verifier
-    still accepts, a sample of its batch people marked as reward hacking."""
-    return reason.startswith("known reward hack ") or " as reward hacking;" in reason
+    still accepts, a sample of its batch people marked as reward hacking, a failing monitor named in
+    monitors.block_promotion (evaluation.gate.decide words them)."""
+    return (reason.startswith("known reward hack ") or " as reward hacking;" in reason
+            or (reason.startswith("monitor ") and reason.endswith("; monitors.block_promotion holds the candidate")))
 
 
 def warm_start_sentence(summary: Mapping[str, Any]) -> str:
@@ -156,6 +158,47 @@ def _table(rows: list[dict[str, Any]], kind: str, champion: str, candidate: str)
     return lines
 
 
+def _figure(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def monitors_table(monitors: list[Mapping[str, Any]], holding: list[str] = ()) -> list[str]:
+    """Markdown rows of the monitors' results (data/reports/monitors.json's ``monitors``): name and
+    version, verdict (bold when it fails, "holds promotion" when monitors.block_promotion names it),
+    value, thresholds, message."""
+    lines = ["| monitor | verdict | value | warn above | fail above | message |", "|---|---|---:|---:|---:|---|"]
+    for monitor in monitors:
+        verdict = monitor["verdict"]
+        shown = f"**{verdict}**" if verdict in ("fail", "warn") else verdict
+        if monitor["name"] in holding:
+            shown += " (holds promotion)"
+        message = str(monitor.get("message", "")).replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {monitor['name']} v{monitor.get('version', '?')} | {shown} | {_figure(monitor.get('value'))} "
+                     f"| {_figure(monitor.get('warn'))} | {_figure(monitor.get('fail'))} | {message} |")
+    return lines
+
+
+def monitors_markdown(report: Mapping[str, Any]) -> str:
+    """The monitors' Prefect artifact (``monitors-iteration-N``) from data/reports/monitors.json."""
+    monitors = report.get("monitors", [])
+    holding, failing = list(report.get("holding", [])), list(report.get("failing", []))
+    counts = {verdict: sum(1 for m in monitors if m["verdict"] == verdict) for verdict in ("ok", "warn", "fail", "skipped")}
+    lines = [f"# Iteration {report.get('iteration')}: monitors", ""]
+    if report.get("enabled") is False:
+        lines.append("The monitors are off (monitors.enabled is false): every one was skipped.")
+    else:
+        compared = report.get("compared_with") or []
+        lines.append(f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail, {counts['skipped']} skipped; "
+                     + (f"compared with {', '.join(f'`{name}`' for name in compared)}." if compared
+                        else "no earlier iteration to compare with."))
+    if failing:
+        lines += ["", "Failing: " + ", ".join(failing) + ". "
+                  + (f"Holding promotion (monitors.block_promotion): {', '.join(holding)}." if holding
+                     else "None of them is in monitors.block_promotion, so none holds promotion.")]
+    lines += ["", *monitors_table(monitors, holding)]
+    return "\n".join(lines) + "\n"
+
+
 def gate_markdown(gate: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     """The iteration's gate report. ``summary`` is record_iteration's: ``iteration``, ``promoted``,
     ``model_version`` (the candidate's registry version, None when it was not registered),
@@ -183,6 +226,12 @@ def gate_markdown(gate: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     rows = comparisons(gate)
     for kind, heading in (("environment", "Environments"), ("slice", "Slices")):
         lines += ["", f"## {heading}", "", *_table([r for r in rows if r["kind"] == kind], kind, champion, candidate)]
+    if gate.get("monitors"):
+        holding = list(gate.get("monitors_holding", []))
+        lines += ["", "## Monitors", ""]
+        if holding:
+            lines += [f"Holding promotion (monitors.block_promotion): {', '.join(holding)}.", ""]
+        lines += monitors_table(gate["monitors"], holding)
     lines += ["", "## Data versions", ""]
     if summary.get("experiment") and summary.get("exp_rev"):
         lines.append(f"DVC experiment `{summary['experiment']}` (commit `{summary['exp_rev'][:12]}`): "

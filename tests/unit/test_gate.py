@@ -109,3 +109,37 @@ class TestHumanReviewBeforePromotion:
         review = {**self.review("not_requested"), "mode": "async"}
         decision = decide(summary(0.4, {"a": 0.4}), summary(0.6, {"a": 0.6}), **self.BETTER, review=review)
         assert decision.promote and not any("human review" in reason for reason in decision.reasons)
+
+
+def monitor(name, verdict="fail", value=0.4, fail=0.15, message="code: timeouts 40% of samples vs 0% before"):
+    """One result as data/reports/monitors.json holds it (MonitorResult.to_dict)."""
+    return {"name": name, "version": "1", "verdict": verdict, "value": value, "warn": 0.05, "fail": fail,
+            "figures": {}, "message": message}
+
+
+class TestMonitorsHoldPromotion:
+    BETTER = dict(min_improvement=0.0, slice_tolerance=0.05)
+
+    @pytest.mark.parametrize("holding, failing, promote", [
+        ([monitor("anomaly_rates")], [], False),  # named in block_promotion: held, whatever the figures
+        ([], [monitor("anomaly_rates")], True),  # failing but not blocking: said, decides nothing
+        ([], [], True),  # no failing monitor: the figures decide
+        ([monitor("anomaly_rates"), monitor("canary", value=1.0, fail=0.0, message="3 canary rewards changed")],
+         [], False),  # each holding monitor is named
+    ])
+    def test_table(self, holding, failing, promote):
+        decision = decide(summary(0.4, {"a": 0.4}), summary(0.6, {"a": 0.6}), **self.BETTER,
+                          monitors_holding=holding, monitors_failing=failing)
+        assert decision.promote is promote
+        for result in holding:
+            assert any(reason.startswith(f"monitor {result['name']} (version 1) failed: {result['message']}")
+                       and reason.endswith("monitors.block_promotion holds the candidate")
+                       for reason in decision.reasons), decision.reasons
+        for result in failing:
+            assert any(reason.startswith(f"monitor {result['name']} ") and "holds nothing" in reason
+                       for reason in decision.reasons), decision.reasons
+
+    def test_the_reason_gives_the_value_against_the_fail_threshold(self):
+        decision = decide(summary(0.4, {"a": 0.4}), summary(0.6, {"a": 0.6}), **self.BETTER,
+                          monitors_holding=[monitor("anomaly_rates")])
+        assert "(value 0.400 > fail 0.15)" in decision.reasons[0]
