@@ -86,8 +86,9 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         # The labels and known hacks always exist (close_loop creates them empty): the human component,
         # and the reward hacks every verifier version must fail, re-checked here for the gate.
-        "reward", (ws.TASKS, ws.SAMPLES, ws.HUMAN_LABELS, ws.KNOWN_HACKS),
-        ("reward", "envs"), (ws.REWARDS, ws.KNOWN_HACKS_CHECK),
+        # The benchmark canary: its first tasks' references and blank answers under today's verifiers.
+        "reward", (ws.TASKS, ws.SAMPLES, ws.HUMAN_LABELS, ws.KNOWN_HACKS, ws.BENCHMARK_TASKS),
+        ("reward", "envs", "monitors.canary_per_env"), (ws.REWARDS, ws.KNOWN_HACKS_CHECK, ws.CANARY_CHECK),
     ),
     StageSpec(
         # The review sample is drawn here, seeded per iteration; review.timeout_s is not its concern.
@@ -115,9 +116,20 @@ STAGES: tuple[StageSpec, ...] = (
         (ws.EVALUATION,), plots=(plots.BENCHMARK, plots.HISTORY),
     ),
     StageSpec(
+        # Versioned checks over this batch and the previous iterations' (monitors.versions, read through
+        # DVC at their experiments). The train stage's figures are git-tracked files (its metrics and
+        # info), deps like any other: GRPO health reads them.
+        "monitors",
+        (ws.SAMPLES, ws.REWARDS, ws.ROLLOUTS, ws.EVALUATION, ws.CANARY_CHECK, metrics_path("train"),
+         info_path("train")),
+        ("loop.iteration", "monitors"), (ws.MONITORS_REPORT,),
+    ),
+    StageSpec(
         # The candidate: its closedloop_training.json says whether it trained at all.
         # The known-hacks check: a known hack today's verifier scores above 0 holds promotion.
-        "gate", (ws.EVALUATION, ws.CANDIDATE, ws.KNOWN_HACKS_CHECK, ws.REVIEW_OUTCOME), ("gate",), (ws.GATE,),
+        # The monitors report: a failing monitor named in monitors.block_promotion holds it too.
+        "gate", (ws.EVALUATION, ws.CANDIDATE, ws.KNOWN_HACKS_CHECK, ws.REVIEW_OUTCOME, ws.MONITORS_REPORT),
+        ("gate", "monitors.block_promotion"), (ws.GATE,),
     ),
     StageSpec(
         "promote", (ws.GATE, ws.CHAMPION, ws.CANDIDATE), (), (ws.NEXT_CHAMPION,),

@@ -13,8 +13,8 @@ from closedloop.stage_files import stage_result
 from closedloop.stages import StageError, run_stage
 from closedloop.workspace import Workspace
 
-STAGES_AFTER_WARM_START = ("generate", "sample", "reward", "grade", "validate", "train", "evaluate", "gate",
-                           "promote")
+STAGES_AFTER_WARM_START = ("generate", "sample", "reward", "grade", "validate", "train", "evaluate", "monitors",
+                           "gate", "promote")
 
 
 @pytest.fixture(scope="module")
