@@ -200,6 +200,9 @@ def begin_iteration(ws: Workspace, params: Params, previous: Params,
         # The batches replayed are the last N iterations' experiments, named in params.yaml so that
         # `dvc repro` of this iteration reads the same ones.
         nxt.train.replay.versions = replay_versions(ws, nxt) if params.versioning.save_experiments else []
+    # The batches the monitors compare this one with, named the same way for the same reason.
+    nxt.monitors.versions = (recent_experiments(ws, nxt.loop.iteration, nxt.monitors.history)
+                             if params.versioning.save_experiments and nxt.monitors.enabled else [])
     write_params(ws.root, nxt)
     return nxt, progress
 
@@ -207,14 +210,21 @@ def begin_iteration(ws: Workspace, params: Params, previous: Params,
 def replay_versions(ws: Workspace, params: Params) -> list[str]:
     """The experiments of iterations ``loop.iteration - train.replay.last`` .. ``loop.iteration - 1``,
     oldest first. Where an iteration was saved more than once (it was re-run), its newest save counts."""
+    return recent_experiments(ws, params.loop.iteration, params.train.replay.last)
+
+
+def recent_experiments(ws: Workspace, current: int, last: int) -> list[str]:
+    """The experiments of iterations ``current - last`` .. ``current - 1`` (from 1), oldest first; an
+    iteration saved more than once (re-run) counts by its newest save, one never saved is left out."""
     import re
 
+    if last <= 0:
+        return []
     newest: dict[int, str] = {}
     for name in DvcWorkspace(ws.root).experiments_newest_first():
         match = re.fullmatch(r"iter-(\d+)-[0-9a-f]+", name)
         if match:
             newest.setdefault(int(match.group(1)), name)
-    current, last = params.loop.iteration, params.train.replay.last
     return [newest[i] for i in range(max(1, current - last), current) if i in newest]
 
 
@@ -372,7 +382,8 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         iteration=iteration, run_name=f"iteration-{iteration:03d}", params=params.model_dump(mode="json"),
         metrics=metrics, rewards=rewards,
         tags={**key, "dvc.experiment": experiment, "dvc.exp_rev": exp_rev, "promoted": str(promoted).lower(),
-              **({"closedloop.not_trained": not_trained} if not_trained else {}), **batch_tags},
+              **({"closedloop.not_trained": not_trained} if not_trained else {}), **batch_tags,
+              **monitor_tags(ws)},
         datasets=_datasets(ws, hashes), artifacts=[a for a in artifacts if a.exists()],
         stage_seconds=untimed, started_ms=started_ms(read_progress(ws.root)),
     )
@@ -414,6 +425,19 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         "champion_version": tracking.get_alias(registered, "champion"),
         **{k: v for k, v in tracking.run_location(run_id).items() if k in ("tracking_uri", "experiment_id")},
     }
+
+
+def monitor_tags(ws: Workspace) -> dict[str, str]:
+    """A run tag ``monitor.<name>`` = "fail" or "warn" per monitor that did not pass (the runs table
+    filters by them: ``tags.`monitor.anomaly_rates` = 'fail'``), and ``monitors.holding`` naming those
+    that held the gate."""
+    if not ws.monitors_report.exists():
+        return {}
+    report = read_json(ws.monitors_report)
+    tags = {f"monitor.{m['name']}": m["verdict"] for m in report["monitors"] if m["verdict"] in ("fail", "warn")}
+    if report.get("holding"):
+        tags["monitors.holding"] = ",".join(report["holding"])
+    return tags
 
 
 def _save_experiment(dvc: DvcWorkspace, experiment: str) -> str:
