@@ -103,14 +103,22 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
     timing["version_seconds"] = time.perf_counter() - version_started
     from prefect.artifacts import create_markdown_artifact
 
-    from closedloop.evaluation.report import gate_markdown
+    from closedloop.evaluation.report import gate_markdown, monitors_markdown
     from closedloop.io import read_json
 
+    ws = Workspace.at(workspace)
     # The gate's decision for people: registry versions, per environment and slice, the MLflow run.
     create_markdown_artifact(
         key=f"gate-iteration-{params.loop.iteration}",
-        markdown=gate_markdown(read_json(Workspace.at(workspace).gate), summary),
+        markdown=gate_markdown(read_json(ws.gate), summary),
         description=summary["decision"],
+    )
+    # The monitors' verdicts over this batch and the ones before it (keys: lowercase, digits, dashes).
+    monitors = read_json(ws.monitors_report)
+    create_markdown_artifact(
+        key=f"monitors-iteration-{params.loop.iteration}", markdown=monitors_markdown(monitors),
+        description=(f"monitors failing: {', '.join(monitors['failing'])}" if monitors["failing"]
+                     else "no monitor failed"),
     )
     lineage.finish_iteration(workspace)
     timing["total_seconds"] = time.perf_counter() - started

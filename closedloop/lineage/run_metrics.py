@@ -9,6 +9,8 @@ figure shows:
 
     loop/...             the headline, first: the candidate's benchmark pass@1 overall and per
                          environment, the champion's beside it, promoted (0/1), the batch's reward mean
+    monitor/<name>       each monitor's value (closedloop/monitors; higher is worse), one chart per
+                         monitor across iterations; a skipped monitor has no point that iteration
     stage/<stage>/...    everything else a stage measured, one section per stage
     system/<stage>/...   CPU seconds, peak RSS, peak GPU memory where CUDA ran, and the throughput
                          (tokens_per_s, ...) of each stage: its timing file (stage_files)
@@ -17,7 +19,9 @@ figure shows:
 Left out: figures logged elsewhere already (a stage's own pass@1 and reward mean are the headline,
 promote's ``promoted`` is gate's ``promote``, reward's pass rate per environment is grade's), counts
 the params decide (tasks per kind, benchmark tasks per slice) and keys named after data (replayed
-experiment names), which would add a new metric every iteration.
+experiment names), which would add a new metric every iteration. Of the monitors stage only each
+monitor's verdict code (-1 skipped, 0 ok, 1 warn, 2 fail) is kept beside the headline value: the
+figures behind them (per environment and component) are in metrics/monitors.json and the report.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ _LEFT_OUT: dict[str, tuple[str, ...]] = {
     "gate": (r"promote",),
     "promote": (r"promoted",),
     "train": (r"replay\..*",),  # examples.replay counts them
+    "monitors": (r"[^.]+\.(?!verdict_code$).+",),  # <name>.value is monitor/<name>; see the docstring
 }
+MONITOR = "monitor/"
 
 
 def _name(key: str) -> str:
@@ -108,11 +114,19 @@ def headline(candidate: Mapping[str, Any], champion: Mapping[str, Any] | None, *
     return out
 
 
+def monitor_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """``monitor/<name>``: each monitor's value, from metrics/monitors.json (``{name: {value, ...}}``)."""
+    return {f"{MONITOR}{name}": float(figures["value"]) for name, figures in metrics.items()
+            if isinstance(figures, Mapping) and isinstance(figures.get("value"), (int, float))}
+
+
 def run_figures(stages: Mapping[str, Mapping[str, Any]], timings: Mapping[str, Mapping[str, Any] | None],
                 headline_figures: Mapping[str, float]) -> dict[str, float]:
     """Every figure of one run: the headline, then each stage's figures and timing, in stage order."""
     out = dict(headline_figures)
     for stage, metrics in stages.items():
+        if stage == "monitors":
+            out.update(monitor_figures(metrics))
         out.update(stage_figures(stage, metrics))
         out.update(timing_figures(stage, timings.get(stage), metrics))
     return out

@@ -280,3 +280,35 @@ def test_a_resumed_iteration_keeps_the_champion_it_began_with(looped, tmp_path):
     assert close_loop(ws, closed=began_with) == began_with and model_fingerprint(ws.champion) == began_with
     assert close_loop(ws) == promoted and model_fingerprint(ws.champion) == promoted  # the next iteration
     assert DvcWorkspace(copy).status().get("data/champion.dvc") is None  # and recorded in data/champion.dvc
+
+
+def test_monitors_artifact_published(looped):
+    """The monitors' table of iteration 1 as a Markdown artifact beside the gate's, and their values in
+    the iteration's MLflow run at step 1."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from closedloop.io import read_json
+    from closedloop.workspace import Workspace
+
+    root, result = looped
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["monitors-iteration-1"])))
+
+    artifacts = asyncio.run(read())
+    assert artifacts and artifacts[0].type == "markdown"
+    report = read_json(Workspace.at(root).monitors_report)
+    assert report["iteration"] == 1 and "| monitor | verdict | value |" in artifacts[0].data
+    for monitor in report["monitors"]:
+        assert f"| {monitor['name']} v{monitor['version']} | " in artifacts[0].data
+    client, _ = _registry(root)
+    run = client.get_run(result["iterations"][0]["run_id"])
+    assert {f"stage/monitors/{m['name']}.verdict_code" for m in report["monitors"]} <= set(run.data.metrics)
+    assert {f"monitor/{m['name']}" for m in report["monitors"] if m["value"] is not None} <= set(run.data.metrics)
+    assert {key for key in run.data.tags if key.startswith("monitor.")} == {
+        f"monitor.{m['name']}" for m in report["monitors"] if m["verdict"] in ("fail", "warn")}

@@ -102,3 +102,15 @@ class TestHeadline:
         assert {_section(name) for name in headline(SUMMARY, SUMMARY, promoted=True, reward_mean=0.5)} == {"loop"}
         assert "Model metrics" not in sections  # every figure is in a named section
         assert {"stage/evaluate", "stage/grade", "system/grade", "timing"} <= set(sections)
+
+
+class TestMonitorFigures:
+    # metrics/monitors.json as the monitors stage writes it (trimmed)
+    MONITORS = {"anomaly_rates": {"value": 0.4, "verdict_code": 2, "all.timeout": 0.4, "code.timeout_jump": 0.4},
+                "grpo_health": {"verdict_code": -1}}  # skipped: no value
+
+    def test_each_monitor_value_is_a_headline_chart_and_only_its_verdict_code_stays_in_the_stage(self) -> None:
+        figures = run_figures({"monitors": self.MONITORS}, {"monitors": {"seconds": 0.2}}, {})
+        assert figures == {"monitor/anomaly_rates": 0.4, "stage/monitors/anomaly_rates.verdict_code": 2.0,
+                           "stage/monitors/grpo_health.verdict_code": -1.0, "timing/monitors": 0.2}
+        assert _section("monitor/anomaly_rates") == "monitor"
