@@ -1,11 +1,18 @@
-"""The one table of monitors: a name, a version, default thresholds, and the function."""
+"""The one table of monitors: each module gives NAME, VERSION, DEFAULT thresholds and ``check``.
+
+A new monitor is a new module here and one line in MONITORS (and its name in config.MONITOR_NAMES,
+which params.yaml's monitors.block_promotion and monitors.thresholds are checked against).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
-from closedloop.monitors.base import IterationData, MonitorResult, Threshold, skipped
+from closedloop.monitors import (anomaly_rates, canary, format_only_wins, grpo_health, length_inflation,
+                                 proxy_gold_divergence, reward_shift, verifier_shift)
+from closedloop.monitors.base import IterationData, MonitorResult, Threshold
 
 
 @dataclass(frozen=True)
@@ -16,17 +23,12 @@ class Monitor:
     check: Callable[[IterationData, list[IterationData], Threshold], MonitorResult]
 
 
-def _pending(name: str, version: str) -> Callable:
-    def check(current, history, threshold):
-        return skipped(name, version, threshold, f"{name} is not implemented yet")
-    return check
+def _entry(module: ModuleType) -> Monitor:
+    return Monitor(module.NAME, module.VERSION, module.DEFAULT, module.check)
 
 
-MONITORS: tuple[Monitor, ...] = tuple(
-    Monitor(name, "0", Threshold(warn, fail), _pending(name, "0"))
-    for name, warn, fail in (
-        ("reward_shift", 0.1, 0.25), ("verifier_shift", 0.0, None), ("proxy_gold_divergence", 0.05, 0.15),
-        ("length_inflation", 0.3, 0.5), ("format_only_wins", 0.05, 0.15), ("grpo_health", 0.5, 0.8),
-        ("anomaly_rates", 0.05, 0.15), ("canary", 0.0, 0.0),
-    )
-)
+MONITORS: tuple[Monitor, ...] = tuple(_entry(module) for module in (
+    reward_shift, verifier_shift, proxy_gold_divergence, length_inflation,
+    format_only_wins, grpo_health, anomaly_rates, canary,
+))
+BY_NAME: dict[str, Monitor] = {monitor.name: monitor for monitor in MONITORS}

@@ -19,6 +19,8 @@ class TestParse:
             ({"envs": {"code": {"weights": {"syntax": 1.0, "runs": -1.0}}}}, "weights must not be negative"),
             ({"envs": {"custom": {"code": {"entry": "m:C"}}}}, "built-in environment names"),
             ({"envs": {"custom": {"mine": {}}}}, "envs.custom.mine.entry"),
+            ({"monitors": {"block_promotion": ["canry"]}}, "monitors.block_promotion: Value error, unknown monitor 'canry'"),
+            ({"monitors": {"thresholds": {"drift": {"warn": 0.1}}}}, "monitors.thresholds: Value error, unknown monitor 'drift'"),
             ([1, 2], "expected a mapping"),
         ],
     )
