@@ -120,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reviewer", help="your name or id (also the default for --answers lines without one)")
     workspace_arg(p)
     p.set_defaults(handler=cmd_review)
+
+    p = sub.add_parser("rescore", help="score a stored batch again with today's verifiers and say what changed")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--experiment", help="the batch's DVC experiment (iter-NNN-<fingerprint>; see `closedloop status`)")
+    which.add_argument("--all", action="store_true", help="every stored iteration (its newest experiment)")
+    p.add_argument("--env", help="only this environment's samples")
+    p.add_argument("--out", type=Path, help="write the diff report here as JSON")
+    workspace_arg(p)
+    p.set_defaults(handler=cmd_rescore)
     return parser
 
 
@@ -338,6 +347,33 @@ def cmd_tasks_export(args) -> int:
         return 2
     write_jsonl(args.out, (task.to_record() for task in tasks))  # atomic: whole file or none
     print(f"wrote {len(tasks)} {args.env} {args.split} tasks to {args.out}")
+    return 0
+
+
+def cmd_rescore(args) -> int:
+    from closedloop.config import load_params
+    from closedloop.io import write_json
+    from closedloop.lineage.dvc import DvcError
+    from closedloop.rescore import RescoreError, newest_per_iteration, report_text, rescore
+    from closedloop.rewards.feedback import FeedbackSourceError
+    from closedloop.rewards.human import LabelsError
+    from closedloop.scaffold import require_workspace
+
+    root = Path(require_workspace(args.workspace))
+    params = load_params(root)  # today's verifiers: params.yaml as it is now
+    names = list(newest_per_iteration(root).values()) if args.all else [args.experiment]
+    if not names:
+        print(f"closedloop rescore: no stored iteration in {root} (no experiment named iter-NNN-...)", file=sys.stderr)
+        return 2
+    try:
+        reports = rescore(root, params, names, env=args.env)
+    except (DvcError, RescoreError, LabelsError, FeedbackSourceError) as error:  # nothing is written
+        print(f"closedloop rescore: {error}", file=sys.stderr)
+        return 2
+    print("\n\n".join(report_text(report) for report in reports))
+    if args.out is not None:
+        write_json(args.out, reports[0] if args.experiment else {"reports": reports})
+        print(f"diff report: {args.out}")
     return 0
 
 

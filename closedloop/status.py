@@ -51,7 +51,27 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
         lines.append("")
         lines.append("dvc experiments: " + ", ".join(sorted(experiments)))
         lines.append("restore one with `dvc exp apply NAME`, then `dvc repro` reproduces it")
+        lines += stale_lines(root, params)
     return "\n".join(lines)
+
+
+def stale_lines(root: Path, params: Params) -> list[str]:
+    """The stored batches today's verifiers would score differently: the versions each iteration's
+    reward stage recorded against today's, from git alone (one `git show` per iteration)."""
+    from closedloop.rescore import stale_batches
+    from closedloop.rewards.sources import feedback_sources
+
+    try:
+        today = feedback_sources(params)
+    except ValueError as error:  # a source or environment params.yaml names cannot be loaded now
+        return [f"stale batches: unknown ({error})"]
+    stale = stale_batches(root, today)
+    if not stale:
+        return []
+    lines = [f"stale batches: {len(stale)} scored by older verifier versions (re-score one to see what changed)"]
+    for name, changed in stale:
+        lines.append(f"  {name} ({', '.join(changed)} changed) — closedloop rescore --experiment {name}")
+    return lines
 
 
 def _run_state(root: Path) -> list[str]:

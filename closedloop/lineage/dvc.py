@@ -539,6 +539,13 @@ class DvcWorkspace:
             raise DvcError(f"no DVC experiment named {name!r} in {self.root} (experiments: {known})")
         return ref[0]
 
+    def git_text_at(self, path: str, version: str) -> str | None:
+        """The text of the git-tracked ``path`` (relative to the workspace: metrics and info files) as
+        experiment ``version`` saved it; None where that commit has no such file. DvcError naming the
+        experiment when there is none."""
+        # "<rev>:./<path>" is relative to the cwd given to git: the workspace, even as a subdir
+        return _git_try(self.root, "show", f"{self.experiment_rev(version)}:./{path}", strip=False)
+
     def read_at(self, path: str, version: str) -> str:
         """The text of the DVC-tracked ``path`` (relative to the workspace) as experiment ``version``
         saved it: the cached object named by that experiment's record, hashed against it. A missing
