@@ -129,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write the diff report here as JSON")
     workspace_arg(p)
     p.set_defaults(handler=cmd_rescore)
+
+    p = sub.add_parser("report", help="write one iteration's report page (static HTML: plots, monitors, gate, lineage)")
+    p.add_argument("--iteration", type=int, help="the iteration (default: the last one recorded)")
+    p.add_argument("--out", required=True, type=Path, help="the HTML file to write")
+    workspace_arg(p)
+    p.set_defaults(handler=cmd_report)
     return parser
 
 
@@ -436,6 +442,25 @@ def cmd_review(args) -> int:
     queued = append_to_inbox(ws, [row for submission in checked for row in inbox_rows(submission, by_id, "cli")])
     print(f"queued {queued} answer(s) for the next iteration (data/labels/inbox.jsonl; merged into "
           "data/labels/human.jsonl when it starts)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from closedloop.config import load_params
+    from closedloop.report_page import ReportError, choose_iteration, mlflow_lineage, recorded_iterations, write_report
+    from closedloop.scaffold import require_workspace
+    from closedloop.workspace import Workspace
+
+    ws = Workspace.at(require_workspace(args.workspace))
+    params = load_params(ws.root)
+    try:  # a bad --iteration fails before the MLflow store is opened, and nothing is written
+        wanted = choose_iteration(ws, recorded_iterations(ws, params.loop.iteration), args.iteration)
+        found = mlflow_lineage(ws, params, wanted)
+        data, seconds = write_report(ws, params.loop.iteration, args.out, wanted, mlflow=found)
+    except ReportError as error:
+        print(f"closedloop report: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: iteration {data.iteration} (batch read from {data.read_from}; {seconds:.1f} s)")
     return 0
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 MINUS = "\u2212"
 MAX_NAMED = 3  # regressions named in the sentence; the table has them all
@@ -141,6 +141,26 @@ def run_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
             f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}")
 
 
+def report_link(summary: Mapping[str, Any]) -> str:
+    """Markdown naming the iteration's report page (the MLflow artifact ``report-iteration-N.html``):
+    a download link for a tracking server (it serves artifacts as attachments); for a local store the
+    file itself, which a browser opens; or why it is missing."""
+    iteration = summary.get("iteration")
+    again = f"`closedloop report --iteration {iteration} --out report.html` writes it again"
+    if not summary.get("report_artifact"):
+        return f"report page: not logged ({summary.get('report_error', 'no page')}); {again}"
+    uri = str(summary["report_artifact"])
+    name = uri.rsplit("/", 1)[-1]
+    parts, artifact = urlsplit(summary.get("tracking_uri", "")), urlsplit(uri)
+    if parts.scheme in ("http", "https"):
+        netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        return (f"report page: [{name}]({base}/get-artifact?path={name}&run_uuid={summary.get('run_id', '')}) "
+                f"(an artifact of the MLflow run above; {again})")
+    where = unquote(artifact.path) if artifact.scheme == "file" else uri
+    return f"report page: `{where}` (artifact `{name}` of the MLflow run above; open the file in a browser, or {again})"
+
+
 def _rate(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
@@ -223,6 +243,8 @@ def gate_markdown(gate: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     if summary.get("run_id"):
         link = run_link(summary.get("tracking_uri", ""), summary.get("experiment_id", ""), summary["run_id"])
         lines.append(f"- {link}")
+    if summary.get("report_artifact") or summary.get("report_error"):
+        lines.append(f"- {report_link(summary)}")
     rows = comparisons(gate)
     for kind, heading in (("environment", "Environments"), ("slice", "Slices")):
         lines += ["", f"## {heading}", "", *_table([r for r in rows if r["kind"] == kind], kind, champion, candidate)]

@@ -415,8 +415,12 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         tracking.set_alias(registered, "challenger", version)
         if gate["promote"]:
             tracking.set_alias(registered, "champion", version)
+    # After the registry, so the page names the version; before the run ends, so it spans the page too.
+    report = log_report(ws, params, run_id, {**tracking.run_location(run_id), "model_version": version,
+                                             "parent_version": parent, "registered_model": registered})
     tracking.end_run(run_id)  # the version step ends here: the run spans the whole iteration
     return {
+        **report,
         "iteration": iteration, "run_id": run_id, "model_version": version, "experiment": experiment,
         "exp_rev": exp_rev, "not_trained": not_trained, "promoted": promoted,
         "champion_pass@1": gate["champion"]["overall"]["pass@1"],
@@ -425,6 +429,36 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
         "champion_version": tracking.get_alias(registered, "champion"),
         **{k: v for k, v in tracking.run_location(run_id).items() if k in ("tracking_uri", "experiment_id")},
     }
+
+
+def report_artifact_name(iteration: int) -> str:
+    return f"report-iteration-{iteration}.html"
+
+
+def log_report(ws: Workspace, params: Params, run_id: str, lineage: dict[str, Any]) -> dict[str, Any]:
+    """The iteration's report page (closedloop/report_page.py) as the artifact report-iteration-N.html
+    of its MLflow run, and its cost as the metric ``timing/report``. Returns {"report_artifact": URI,
+    "report_seconds": s}. A page that cannot be rendered or logged is warned about, naming the
+    error, and gives {"report_error": ...}: the iteration's records (DVC experiment, run, registry
+    version, aliases) are made before it and stay; `closedloop report` can write the page later."""
+    import time
+
+    iteration = params.loop.iteration
+    started = time.perf_counter()
+    try:
+        from closedloop.report_page import report_html
+
+        page, _ = report_html(ws, iteration, iteration, lineage)
+        tracking = _tracking(ws, params)
+        uri = tracking.log_text_artifact(run_id, page, report_artifact_name(iteration))
+        seconds = time.perf_counter() - started
+        tracking.log_metrics(run_id, {"timing/report": seconds}, step=iteration)
+    except Exception as error:  # noqa: BLE001  (a view of the records; losing them for it would be worse)
+        say(f"closedloop: WARNING: the report page of iteration {iteration} was not logged to MLflow "
+            f"({type(error).__name__}: {error}); the iteration's records are kept. Write the page with "
+            f"`closedloop report --iteration {iteration} --out report.html`")
+        return {"report_error": f"{type(error).__name__}: {error}"}
+    return {"report_artifact": uri, "report_seconds": seconds}
 
 
 def monitor_tags(ws: Workspace) -> dict[str, str]:

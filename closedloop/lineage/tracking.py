@@ -436,6 +436,14 @@ def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> Non
     _log_metric_batch(_mlflow().MlflowClient(), run_id, metrics, step=step)
 
 
+def log_text_artifact(run_id: str, text: str, artifact_file: str) -> str:
+    """Log ``text`` as the artifact ``artifact_file`` of the run (the iteration's report page); return
+    its artifact URI (for a local store a file: URI a browser opens)."""
+    client = _mlflow().MlflowClient()
+    client.log_text(run_id, text, artifact_file)
+    return client.get_run(run_id).info.artifact_uri.rstrip("/") + "/" + artifact_file
+
+
 def _quoted(value: str) -> str:
     return "'" + str(value).replace("'", "\\'") + "'"
 

@@ -135,6 +135,105 @@ def test_status_names_the_champion_and_iterations(ran):
     assert "iter-001-" in out
 
 
+def _experiment(root: Path, iteration: int) -> str:
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], cwd=root, capture_output=True,
+                          text=True).stdout.split()
+    (name,) = [ref.rsplit("/", 1)[-1] for ref in refs if f"/iter-{iteration:03d}-" in ref]
+    return name
+
+
+def _run_of(root: Path, iteration: int) -> str:
+    from closedloop.config import load_params
+    from closedloop.lineage import tracking
+    from closedloop.lineage.record import run_key
+    from closedloop.workspace import Workspace
+
+    params = load_params(root)
+    tracking.configure(root, params.tracking.uri, params.tracking.experiment)
+    (run_id,) = tracking.find_runs(params.tracking.experiment, run_key(Workspace.at(root), iteration, "iteration"),
+                                   status="FINISHED")
+    return run_id
+
+
+def test_report_page_shows_the_gate_both_iterations_and_real_plots(ran, tmp_path):
+    """Before test_restore_iteration_one_…, which moves the workspace back to iteration 1."""
+    import base64
+    import json
+    import re
+
+    from closedloop.evaluation.report import decision_sentence
+
+    root, _ = ran
+    out = tmp_path / "report.html"
+    result = cli("closedloop", "report", "--out", str(out), cwd=root)
+    assert "iteration 2" in result.stdout and "read from the workspace" in result.stdout
+    page = out.read_text()
+    images = [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+    assert len(images) >= 4 and all(data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000 for data in images)
+    gate = json.loads((root / "data/reports/gate.json").read_text())
+    from closedloop.lineage.dvc import DvcWorkspace
+
+    rev = DvcWorkspace(root).experiment_rev(_experiment(root, 1))
+    first = json.loads(subprocess.run(["git", "show", f"{rev}:./metrics/evaluate.json"], cwd=root,
+                                      capture_output=True, text=True, check=True).stdout)["candidate_pass@1"]
+    # the gate's decision, with the champion's registry version the loop compared it with
+    assert re.search(r"<strong>(Held|Promoted):</strong>", page)
+    parent = re.search(r"compared with champion v(\d+)", page).group(1)
+    from html import escape
+
+    assert escape(decision_sentence(gate, parent).split(":", 1)[1]) in page
+    # both iterations' pass@1: iteration 1 from its experiment, 2 from the workspace's evaluation
+    assert re.search(rf"<tr><td>1</td><td class=\"num\">{first:.3f}</td>", page), page[-4000:]
+    assert re.search(rf"<tr><td>2 v\d+</td><td class=\"num\">{gate['candidate']['overall']['pass@1']:.3f}</td>", page)
+    assert _run_of(root, 2) in page  # the MLflow run of the model version
+    monitors = root / "data/reports/monitors.json"
+    if monitors.exists():  # the monitors stage ran: each monitor is a row with its verdict
+        for row in json.loads(monitors.read_text())["monitors"]:
+            assert f"<code>{escape(row['name'])}</code>" in page
+    else:
+        assert "The monitors did not run for this iteration" in page
+
+
+def test_report_of_iteration_one_reads_its_batch_through_dvc(ran, tmp_path):
+    from closedloop.lineage.dvc import DvcWorkspace
+
+    root, _ = ran
+    name = _experiment(root, 1)
+    out = tmp_path / "one.html"
+    assert f"DVC experiment {name}" in cli("closedloop", "report", "--iteration", "1", "--out", str(out), cwd=root).stdout
+    page = out.read_text()
+    rows = [line for line in DvcWorkspace(root).read_at("data/batch/rewards.jsonl", name).splitlines() if line]
+    rev = DvcWorkspace(root).experiment_rev(name)
+    lock = yaml.safe_load(subprocess.run(["git", "show", f"{rev}:./dvc.lock"], cwd=root, capture_output=True,
+                                         text=True, check=True).stdout)
+    saved = {out["path"]: out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
+    assert saved["data/batch/rewards.jsonl"] != lock_outs(root)["data/batch/rewards.jsonl"]  # not the workspace's
+    assert f"{len(rows)} reward rows" in page and saved["data/batch/rewards.jsonl"] in page
+    assert "closedloop — iteration 1" in page and _run_of(root, 1) in page
+
+
+def test_report_of_an_unknown_iteration_exits_2_and_writes_nothing(ran, tmp_path):
+    root, _ = ran
+    out = tmp_path / "none.html"
+    result = cli("closedloop", "report", "--iteration", "9", "--out", str(out), cwd=root, check=False)
+    assert result.returncode == 2 and "the iterations that exist: 1, 2" in result.stderr, result.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_each_iterations_mlflow_run_has_its_report_page(ran, tmp_path):
+    import mlflow
+
+    root, _ = ran
+    for iteration in (1, 2):
+        run_id = _run_of(root, iteration)
+        name = f"report-iteration-{iteration}.html"
+        assert name in [a.path for a in mlflow.MlflowClient().list_artifacts(run_id)]
+        text = Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=name,
+                                                        dst_path=str(tmp_path))).read_text()
+        assert text.startswith("<!DOCTYPE html>") and f"closedloop — iteration {iteration}" in text
+        assert "timing/report" in mlflow.MlflowClient().get_run(run_id).data.metrics
+
+
 def test_restore_iteration_one_and_reproduce_same_hashes(ran):
     root, _ = ran
     experiments = subprocess.run(["git", "for-each-ref", "--format=%(refname:short)", "refs/exps"], cwd=root,
