@@ -109,3 +109,23 @@ def test_a_page_that_cannot_be_made_warns_and_keeps_the_records(tmp_path, capsys
     err = capsys.readouterr().err
     assert "WARNING: the report page of iteration 4 was not logged" in err and "ReportError" in err
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+@pytest.mark.parametrize("summary, expected", [
+    # a local store: the artifact's file, which a browser opens
+    ({"report_artifact": "file:///ws/mlartifacts/1/abc/artifacts/report-iteration-2.html",
+      "tracking_uri": "sqlite:////ws/mlflow.db"}, "`/ws/mlartifacts/1/abc/artifacts/report-iteration-2.html`"),
+    # a tracking server: its download route, without the credentials of the URI
+    ({"report_artifact": "mlflow-artifacts:/1/abc/artifacts/report-iteration-2.html", "run_id": "abc",
+      "tracking_uri": "http://user:secret@mlflow.local:5000"},
+     "[report-iteration-2.html](http://mlflow.local:5000/get-artifact?path=report-iteration-2.html&run_uuid=abc)"),
+    # a page that failed: why, and how to write it
+    ({"report_error": "ReportError: boom"}, "not logged (ReportError: boom); `closedloop report --iteration 2"),
+])
+def test_gate_report_links_the_page(summary, expected):
+    from closedloop.evaluation.report import gate_markdown
+
+    text = gate_markdown(GATE, {"iteration": 2, "promoted": False, "model_version": "3", "parent_version": "2",
+                                **summary})
+    (line,) = [line for line in text.splitlines() if line.startswith("- report page: ")]
+    assert expected in line and "secret" not in text
