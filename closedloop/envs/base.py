@@ -125,6 +125,14 @@ def stable_hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
+def source_of(function: Callable) -> str:
+    """A short hash of a function's source: put in a reward component's config when the component's
+    score also depends on a helper outside the function its version hashes (rewards.sources)."""
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:12]
+
+
 def in_benchmark(key: str) -> bool:
     """The split a task belongs to, from a hash of what it asks (not of its seed or wording):
     a fixed bucket of the hash space, so train can never emit a benchmark task."""

@@ -18,7 +18,7 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, not_judged
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, not_judged, source_of
 from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, probe_inputs
 from closedloop.envs import extraction
 from closedloop.envs.extraction import Extraction, extract_program
@@ -91,7 +91,7 @@ class CodeEnv(BaseEnvironment):
 
     def component_sources(self) -> dict[str, tuple[Any, Any]]:
         config = {"tests_per_task": self.params.tests_per_task, "sandbox": self.params.sandbox.model_dump(mode="json"),
-                  "extraction": extraction.version()}
+                  "extraction": extraction.version(), "credit": source_of(tests_credit)}
         return {"syntax": (_judge, config), "runs": (_judge, config), "tests_passed": (_judge, config)}
 
     # -- generation ------------------------------------------------------------------------------
@@ -249,7 +249,8 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
         parses = bool(result.steps.get("parses"))
         status, feedback = _failure(result, pool)
         return Verdict(
-            components={"syntax": float(parses), "runs": 0.0, "tests_passed": 0.0},
+            # No test earned anything, so parsing earns nothing either (see tests_credit).
+            components={"syntax": 0.0, "runs": 0.0, "tests_passed": 0.0},
             steps={"parses": parses, "runs": False, "tests_passed": 0, "tests_total": total},
             passed=False,
             feedback=feedback,
@@ -274,8 +275,10 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
                 first_failure = f"{_call_text(task, args)} raised {outcome.error}"
     passed = result.status == "passed"
     status = "passed" if passed else ("runtime_error" if raised else "failed")
+    credit = 1.0 if passed else tests_credit(calls, expected, [outcome.passed for outcome in result.outputs])
+    gate = 1.0 if credit > 0 else 0.0  # syntax and runs earn only beside some of what the task asked
     return Verdict(
-        components={"syntax": 1.0, "runs": 0.0 if raised else 1.0, "tests_passed": passed_count / total if total else 0.0},
+        components={"syntax": gate, "runs": 0.0 if raised else gate, "tests_passed": credit},
         steps={"parses": True, "runs": not raised, "tests_passed": passed_count, "tests_total": total},
         passed=passed,
         feedback=f"passed all {total} tests" if passed else first_failure,
@@ -285,13 +288,34 @@ def _judge(task: Task, result: ExecResult, pool: SandboxPool) -> Verdict:
     )
 
 
+def tests_credit(calls: list[list], expected: list, passed: list[bool | None]) -> float:
+    """Credit only for the calls the task asked something of.
+
+    A call whose expected value is None or one of its own arguments is one that doing nothing
+    (``pass``, ``return x``) answers right: passing it earns nothing, failing it costs. The credit is
+    the asked calls passed over the asked calls plus the unasked ones failed. When no call asks
+    anything beyond that (every answer is an argument, as in max(a, b)), the tests cannot tell
+    doing nothing from doing the task, so only passing them all earns.
+    """
+    def plain(value: Any) -> str:
+        return json.dumps(value, sort_keys=True)  # exact: True is not 1, 1.0 is not 1
+
+    asked = [want is not None and all(plain(want) != plain(arg) for arg in args) for args, want in zip(calls, expected)]
+    if not any(asked):
+        return 1.0 if all(passed) else 0.0
+    done = sum(bool(ok) for ok, ask in zip(passed, asked) if ask)
+    broken = sum(not ok for ok, ask in zip(passed, asked) if not ask)
+    return done / (sum(asked) + broken)
+
+
 def _judge_test_program(result: ExecResult, timing: dict[str, float]) -> Verdict:
     steps = result.steps
     total = steps["tests_total"] or 0
     fraction = steps["tests_passed"] / total if total else 0.0
     passed = result.status == "passed"
+    gate = 1.0 if fraction > 0 else 0.0  # syntax and runs earn only beside a passed test
     return Verdict(
-        components={"syntax": 1.0, "runs": 1.0 if steps["runs"] else 0.0, "tests_passed": fraction},
+        components={"syntax": gate, "runs": gate if steps["runs"] else 0.0, "tests_passed": fraction},
         steps={"parses": True, "runs": bool(steps["runs"]), "tests_passed": steps["tests_passed"], "tests_total": total},
         passed=passed,
         feedback=f"passed all {total} tests" if passed else result.error,
@@ -310,5 +334,7 @@ def _failure(result: ExecResult, pool: SandboxPool) -> tuple[str, str]:
     if result.status == "memory":
         return "memory", f"exceeded the memory limit ({pool.limits.memory_mb} MB)"
     if result.status == "output_limit":
-        return "runtime_error", f"printed or returned more than {pool.limits.max_output_bytes} bytes"
+        return "output_limit", f"printed or returned more than {pool.limits.max_output_bytes} bytes ({result.error})"
+    if result.status == "process_limit":
+        return "process_limit", result.error
     return "runtime_error", result.error  # error (an exception at load) or killed (exited early)

@@ -24,7 +24,8 @@ from dataclasses import replace
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict, Union
 
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.base import (BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, source_of,
+                                  stable_hash)
 from closedloop.envs import extraction
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
 from closedloop.envs.extraction import Extraction, extract_program
@@ -187,12 +188,17 @@ class DataEnv(BaseEnvironment):
         todo = [i for i, extraction in enumerate(read) if not extraction.failed]
         results = pool.run([program_job(tasks[i], read[i].text) for i in todo]) if todo else []
         verdicts = [_not_extracted(extraction) for extraction in read]
+        baselines: dict[str, float] = {}  # per task: one baseline however many samples it has
         for i, result in zip(todo, results):
-            verdicts[i] = _with_extraction(judge(tasks[i], result, pool.limits), read[i])
+            task = tasks[i]
+            if task.task_id not in baselines:
+                baselines[task.task_id] = unchanged_baseline(task)
+            verdicts[i] = _with_extraction(judge(task, result, pool.limits, baselines[task.task_id]), read[i])
         return verdicts
 
     def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
-        config = {"driver": DRIVER, "float_tol": FLOAT_TOL, "extraction": extraction.version()}
+        config = {"driver": DRIVER, "float_tol": FLOAT_TOL, "extraction": extraction.version(),
+                  "credit": [source_of(values_credit), source_of(unchanged_baseline)]}
         return {"syntax": (judge, config), "runs": (judge, config),
                 "schema": (compare_tables, config), "values": (compare_tables, config)}
 
@@ -290,16 +296,56 @@ def _with_extraction(verdict: Verdict, extraction: Extraction) -> Verdict:
 
 
 def _verdict(status: str, feedback: str, failed: str | None, parses: bool = False, runs: bool = False,
-             schema: bool = False, values: float = 0.0, timing: dict[str, float] | None = None) -> Verdict:
+             schema: bool = False, values: float = 0.0, timing: dict[str, float] | None = None,
+             earned: bool = True) -> Verdict:
+    """``earned`` False: the steps held, but the task earned nothing, so no component does either."""
+    gate = 1.0 if earned else 0.0
     return Verdict(
-        components={"syntax": float(parses), "runs": float(runs), "schema": float(schema), "values": values},
+        components={"syntax": gate * parses, "runs": gate * runs, "schema": gate * schema, "values": values},
         steps={"parses": parses, "runs": runs, "schema_matches": schema, "values_match": values},
         passed=failed is None, feedback=feedback, status=status, timing=timing or {}, failed_step=failed,
     )
 
 
-def judge(task: Task, result: ExecResult, limits: Any) -> Verdict:
-    """The verdict on one sandbox result: parses -> runs -> schema_matches -> values_match."""
+def unchanged_baseline(task: Task) -> float:
+    """The fraction of expected cells that returning an input table unchanged already matches
+    (the best over the tables solve() is given): what doing nothing would earn.
+
+    Read here from the task's CSV files with the driver's own conversion; the prompt is not run (a
+    task from a file is data, not trusted code).
+    """
+    import pandas as pd
+
+    namespace: dict[str, Any] = {"__name__": "closedloop_driver"}
+    exec(compile(DRIVER, "<driver>", "exec"), namespace)  # noqa: S102 - our own driver, no task text
+    checks = task.checks
+    best = 0.0
+    for name in checks["args"]:
+        table = json.loads(json.dumps(namespace["_closedloop_table"](pd.read_csv(io.StringIO(checks["files"][name]))),
+                                      allow_nan=False))
+        best = max(best, compare_tables(checks["expected"], table, checks["order"], checks["float_tol"])[1])
+    return best
+
+
+def values_credit(values: float, schema_ok: bool, baseline: float) -> float:
+    """Credit only for the cells the task asked to change: the values fraction above what returning
+    the input unchanged scores (``baseline``), rescaled so a right table still earns 1.
+
+    When the input's cells already are the answer (a task that selects or reorders columns), only
+    the schema says whether the task was done: then the values count only with the right schema.
+    """
+    if baseline >= 1.0:
+        return values if schema_ok else 0.0
+    return max(0.0, (values - baseline) / (1.0 - baseline))
+
+
+def judge(task: Task, result: ExecResult, limits: Any, baseline: float | None = None) -> Verdict:
+    """The verdict on one sandbox result: parses -> runs -> schema_matches -> values_match.
+
+    ``values_match`` and the values component are :func:`values_credit` (``baseline`` is
+    :func:`unchanged_baseline`, computed when not given); syntax, runs and schema earn only when it
+    is above 0, so returning the input unchanged, or any table no closer to the answer, earns 0.
+    """
     timing = {"wall_s": result.wall_s}
     if result.status == "infra_error":
         return not_judged(DataEnv.components, STEPS, result.error)
@@ -308,15 +354,20 @@ def judge(task: Task, result: ExecResult, limits: Any) -> Verdict:
         return _verdict("syntax_error", f"step parses: {result.error}", "parses", timing=timing)
     if result.status != "completed" or not result.outputs or not result.outputs[0].ok:
         status, what = _failure(result, limits)
-        return _verdict(status, f"step runs: {what}", "runs", parses=True, timing=timing)
+        return _verdict(status, f"step runs: {what}", "runs", parses=True, timing=timing, earned=False)
     checks = task.checks
     got = _as_table(result.outputs[0].value)
     schema_error, values, values_error = compare_tables(checks["expected"], got, checks["order"], checks["float_tol"])
+    if not schema_error and not values_error and values == 1.0:
+        rows = len(checks["expected"]["rows"])
+        return _verdict("passed", f"passed: all {rows} rows match", None, True, True, True, 1.0, timing)
+    credit = values_credit(values, not schema_error, unchanged_baseline(task) if baseline is None else baseline)
+    earned = credit > 0.0  # False: the table is no closer to the answer than the input was
     if schema_error:
-        return _verdict("failed", f"step schema: {schema_error}", "schema_matches", True, True, False, values, timing)
-    if values_error or values < 1.0:
-        feedback = f"step values: {values_error or 'some cells differ'}"
-        return _verdict("failed", feedback, "values_match", True, True, True, values, timing)
+        return _verdict("failed", f"step schema: {schema_error}", "schema_matches", True, True, False, credit, timing,
+                        earned)
+    feedback = f"step values: {values_error or 'some cells differ'}"
+    return _verdict("failed", feedback, "values_match", True, True, True, credit, timing, earned)
     rows = len(checks["expected"]["rows"])
     return _verdict("passed", f"passed: all {rows} rows match", None, True, True, True, 1.0, timing)
 
@@ -328,7 +379,9 @@ def _failure(result: ExecResult, limits: Any) -> tuple[str, str]:
     if result.status == "memory":
         return "memory", f"exceeded the memory limit ({limits.memory_mb} MB)"
     if result.status == "output_limit":
-        return "runtime_error", f"printed or returned more than {limits.max_output_bytes} bytes"
+        return "output_limit", f"printed or returned more than {limits.max_output_bytes} bytes ({result.error})"
+    if result.status == "process_limit":
+        return "process_limit", result.error
     if result.status == "completed" and result.outputs:
         return "runtime_error", f"solve raised {result.outputs[0].error}"
     return "runtime_error", result.error or f"the program ended early ({result.status})"

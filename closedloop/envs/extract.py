@@ -21,7 +21,7 @@ import json
 import random
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
 from closedloop.envs import extraction
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.envs.extraction import extract_json
@@ -101,7 +101,8 @@ class ExtractEnv(BaseEnvironment):
         return [] if result.score == 1.0 else [f"checks.truth does not satisfy checks.schema: {result.message}"]
 
     def component_sources(self) -> dict[str, tuple[Callable, Any]]:
-        read = {"extraction": extraction.version()}
+        # _judge gates format and schema on the fields: its code is part of what they score.
+        read = {"extraction": extraction.version(), "judge": source_of(ExtractEnv._judge)}
         return {"format": (parse_json, read), "schema": (check_schema, read),
                 "fields": (field_scores, {"numeric_tolerance": NUMERIC_TOLERANCE, **read})}
 
@@ -177,5 +178,8 @@ class ExtractEnv(BaseEnvironment):
             feedback = f"schema: {schema.message}"
         else:
             feedback = f"fields: {fields.message}"
-        return Verdict(components={"format": 1.0, "schema": schema.score, "fields": fields.f1}, steps=steps,
+        # Credit only for what the task asked, the document's values: valid JSON of the right shape
+        # with none of them right ({}, a template of nulls or blanks) earns nothing.
+        gate = 1.0 if fields.f1 > 0 else 0.0
+        return Verdict(components={"format": gate, "schema": gate * schema.score, "fields": fields.f1}, steps=steps,
                        passed=passed, feedback=feedback, status="passed" if passed else "failed", failed_step=failed_step)

@@ -22,7 +22,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, stable_hash
+from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
 from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.rewards.validators import match_format
@@ -104,6 +104,21 @@ class RuleEngine:
             return truth, f"{name} {actual} is {'' if truth else 'not '}in ({', '.join(value)})"
         raise ValueError(f"rules env: unknown operator {op!r} in {cond}")
 
+    @staticmethod
+    def informedness(answers: list[bool], truth: tuple[bool, ...]) -> float:
+        """The steps credit: how much better than a constant the conclusions are (Youden's J, clipped at 0).
+
+        The share of the rules that apply said to apply, plus the share of those that do not said
+        not to, minus 1: saying "no" (or "yes") to every rule scores 0 whatever the case, as does
+        guessing, while every conclusion right scores 1. When every rule concludes alike, only that
+        one share can be measured, and it is the credit.
+        """
+        applies = [answer for answer, true in zip(answers, truth) if true]
+        not_applies = [not answer for answer, true in zip(answers, truth) if not true]
+        if not applies or not not_applies:
+            return sum(applies or not_applies) / len(truth)
+        return max(0.0, sum(applies) / len(applies) + sum(not_applies) / len(not_applies) - 1.0)
+
     @classmethod
     def evaluate(cls, spec: dict) -> Chain:
         case = spec["case"]
@@ -162,7 +177,9 @@ class RulesEnv(BaseEnvironment):
         self.params = params
 
     def component_sources(self) -> dict[str, tuple[Callable | type, Any]]:
-        lines = {"rule_line": RULE_LINE, "decision_line": DECISION_LINE, "extraction": extraction.version()}
+        # _judge gates format and the decision on the steps credit: its code is part of what they score.
+        lines = {"rule_line": RULE_LINE, "decision_line": DECISION_LINE, "extraction": extraction.version(),
+                 "judge": source_of(RulesEnv._judge)}
         return {"format": (match_format, lines), "steps": (RuleEngine, lines), "decision": (RuleEngine, lines)}
 
     # -- generation ------------------------------------------------------------------------------
@@ -247,6 +264,11 @@ class RulesEnv(BaseEnvironment):
         else:
             failed_step, feedback = None, f"all {len(ids)} rules and the decision right"
         passed = failed_step is None
-        return Verdict(components={"format": 1.0, "steps": sum(right) / len(right), "decision": float(steps["decision"])},
+        # Credit only for conclusions that say something about this case (RuleEngine.informedness); a
+        # decision reached from conclusions no better than a constant ("no" to every rule, then the
+        # default) is right by luck, so it earns nothing, and neither does the format around it.
+        credit = 1.0 if passed else RuleEngine.informedness(answers, chain.conclusions)
+        gate = 1.0 if credit > 0 else 0.0
+        return Verdict(components={"format": gate, "steps": credit, "decision": gate * float(steps["decision"])},
                        steps=steps, passed=passed, feedback=feedback, status="passed" if passed else "failed",
                        failed_step=failed_step)

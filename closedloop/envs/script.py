@@ -26,7 +26,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import BaseEnvironment, SLICES, Task, Verdict, check_split, in_benchmark, not_judged, stable_hash
+from closedloop.envs.base import (BaseEnvironment, SLICES, Task, Verdict, check_split, in_benchmark, not_judged,
+                                  source_of, stable_hash)
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.taskfile import file_tree_problems
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
@@ -71,6 +72,20 @@ def compare_trees(expected: dict[str, str], got: dict[str, str]) -> tuple[dict[s
     return states, first
 
 
+def files_credit(start: dict[str, str], expected: dict[str, str], states: dict[str, bool]) -> float:
+    """The share of what the task asked that the script did: the paths it changes right, over the
+    paths it changes plus the paths the script broke that it should have left alone.
+
+    Credit only for what the task asked to change: a path whose starting and expected content are
+    the same earns nothing for being left as it was (a script that does nothing scores 0), but
+    costs when the script gets it wrong. A task that asks for no change earns 1 only untouched.
+    """
+    asked = {path for path in set(start) | set(expected) if start.get(path) != expected.get(path)}
+    done = sum(states.get(path, True) for path in asked)  # a path in neither tree was deleted as asked
+    broken = sum(not ok for path, ok in states.items() if path not in asked)
+    return done / (len(asked) + broken) if asked or broken else 1.0
+
+
 def task_key(spec: dict[str, Any]) -> str:
     """The hash of what a task asks: its operation, arguments and starting file names, not their contents."""
     return stable_hash({"op": spec["op"], "args": spec["args"], "paths": sorted(spec["start"])})
@@ -108,7 +123,8 @@ class ScriptEnv(BaseEnvironment):
 
     def component_sources(self) -> dict[str, tuple[Any, Any]]:
         config = {"sandbox": self.params.sandbox.model_dump(mode="json"), "extraction": extraction.version()}
-        return {"syntax": (_judge, config), "runs": (_judge, config), "files": (compare_trees, config)}
+        return {"syntax": (_judge, config), "runs": (_judge, config),
+                "files": (compare_trees, {**config, "credit": source_of(files_credit)})}
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -190,7 +206,8 @@ def _file_steps(expected: dict[str, str], states: dict[str, bool] | None) -> dic
 
 def _failed(task: Task, parses: bool, status: str, feedback: str, failed_step: str, timing: dict[str, float]) -> Verdict:
     steps = {"parses": parses, "exits_cleanly": False, "files_match": 0.0, **_file_steps(task.checks["expected"], None)}
-    return Verdict(components={"syntax": float(parses), "runs": 0.0, "files": 0.0}, steps=steps, passed=False,
+    # Nothing of the task was done, so parsing earns nothing either (the steps still say it parsed).
+    return Verdict(components={"syntax": 0.0, "runs": 0.0, "files": 0.0}, steps=steps, passed=False,
                    feedback=feedback, status=status, timing=timing, failed_step=failed_step)
 
 
@@ -214,7 +231,9 @@ def _judge(task: Task, result: ExecResult) -> Verdict:
         return _failed(task, False, "syntax_error", result.error, "parses", timing)
     if result.status != "completed" or result.files is None:
         # An exception or nonzero exit (status error), killed, timeout, memory, output_limit.
-        status = {"timeout": "timeout", "memory": "memory"}.get(result.status, "runtime_error")
+        # A limit hit fails the script under that limit's name, whatever its tree looked like.
+        limits = ("timeout", "memory", "output_limit", "process_limit")
+        status = result.status if result.status in limits else "runtime_error"
         feedback = result.error or f"the script ended with status {result.status}"
         if result.status == "output_limit":
             feedback = f"printed or wrote more than the sandbox's output cap ({result.error})"
@@ -223,11 +242,13 @@ def _judge(task: Task, result: ExecResult) -> Verdict:
         return _failed(task, True, status, feedback, "exits_cleanly", timing)
     expected = task.checks["expected"]
     states, difference = compare_trees(expected, result.files)
-    fraction = sum(states.values()) / len(states) if states else 1.0
+    fraction = files_credit(task.checks["start"], expected, states)
     passed = all(states.values())
     steps = {"parses": True, "exits_cleanly": True, "files_match": fraction, **_file_steps(expected, states)}
+    # Gated on the task: parsing and running earn nothing for a script that did none of what was asked.
+    gate = 1.0 if fraction > 0 else 0.0
     return Verdict(
-        components={"syntax": 1.0, "runs": 1.0, "files": fraction},
+        components={"syntax": gate, "runs": gate, "files": fraction},
         steps=steps,
         passed=passed,
         feedback=f"all {len(states)} files match" if passed else difference,

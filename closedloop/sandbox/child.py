@@ -20,6 +20,7 @@ runs anything of the program's (no subclass, no custom ``__eq__``).
 """
 
 import builtins
+import errno
 import json
 import math
 import os
@@ -354,6 +355,61 @@ def run_interactive(request, emit):
     return b'{"status":"ok","error":"","outputs":[]}\n'
 
 
+# Written on the result pipe by any process of the job (forks inherit fd 3) when a process or thread
+# could not start: RLIMIT_NPROC stopped it. The worker then fails the job with status process_limit,
+# whatever the program returned, since a program that catches the error could still answer right.
+PROCESS_LIMIT_MARKER = b"limit:processes\n"
+
+
+def _hit_process_limit(exc):
+    """Whether ``exc`` is what a fork or thread start raises at RLIMIT_NPROC (EAGAIN; threads: RuntimeError)."""
+    if isinstance(exc, OSError):
+        return exc.errno == errno.EAGAIN
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+
+
+def _reporting(start):
+    def guarded(*args, **kwargs):
+        try:
+            return start(*args, **kwargs)
+        except (OSError, RuntimeError) as exc:
+            if _hit_process_limit(exc):
+                try:
+                    os.write(RESULT_FD, PROCESS_LIMIT_MARKER)
+                except OSError:  # the program closed the pipe: it reports nothing at all, which fails it too
+                    pass
+            raise
+    guarded.__name__ = getattr(start, "__name__", "start")
+    return guarded
+
+
+def guard_process_limits():
+    """Report a process or thread start that RLIMIT_NPROC refused, even if the program catches it.
+
+    Every way a Python program starts a process or thread in the job (os, posix, subprocess's and
+    threading's own references to the C functions) goes through a wrapper that writes
+    PROCESS_LIMIT_MARKER before re-raising. Only this job's forked process is patched.
+    """
+    import _thread
+    import posix
+
+    for module in (os, posix):
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
+            if hasattr(module, name):
+                setattr(module, name, _reporting(getattr(module, name)))
+    _thread.start_new_thread = _thread.start_new = _reporting(_thread.start_new_thread)
+    try:
+        import _posixsubprocess
+
+        _posixsubprocess.fork_exec = _reporting(_posixsubprocess.fork_exec)
+    except ImportError:
+        pass
+    if "threading" in sys.modules:  # it keeps its own reference to start_new_thread
+        sys.modules["threading"]._start_new_thread = _thread.start_new_thread
+    if "subprocess" in sys.modules and getattr(sys.modules["subprocess"], "_fork_exec", None) is not None:
+        sys.modules["subprocess"]._fork_exec = sys.modules["_posixsubprocess"].fork_exec
+
+
 def write_all(fd, data):
     view = memoryview(data)
     while view:
@@ -388,6 +444,7 @@ def run_child(request, fds, workdir, jail, measures):
         random.seed(0)
         limits = request["limits"]
         jail.confine(measures, limits, request.get("allow_exec", False))
+        guard_process_limits()
         _place_files(request.get("files") or {})
         sys.stdin, sys.stdout, sys.stderr = _streams or _make_streams()
         out, err = sys.stdout, sys.stderr

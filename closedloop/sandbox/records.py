@@ -15,9 +15,13 @@ from typing import Any
 #                    script job (entry point "") ran to its end or to sys.exit(0)
 #   error            the program did not load: a syntax error, an exception at load (for a script:
 #                    an exception or a nonzero exit), no entry point
-#   timeout, memory, output_limit, killed   the job process was stopped, or ended early
+#   timeout, memory, output_limit, killed   the job process was stopped, or ended early; output_limit
+#                    also when stdout or stderr reached the cap, whatever the program returned after
+#   process_limit    a fork or thread start failed at Limits.processes (RLIMIT_NPROC), even if the
+#                    program caught the error and returned
 #   infra_error      the sandbox itself failed (twice): says nothing about the code, never counted
-STATUSES = ("passed", "failed", "completed", "error", "timeout", "memory", "output_limit", "killed", "infra_error")
+STATUSES = ("passed", "failed", "completed", "error", "timeout", "memory", "output_limit", "process_limit", "killed",
+            "infra_error")
 ISOLATION_MODES = ("auto", "bwrap", "fork")
 
 

@@ -237,8 +237,13 @@ def _final_line(data, n_calls, collect_files=False):
         return None
 
 
-def _classify(job, exit_code, n_calls, collect_files=False):
-    """(status, error, outputs, files) from how the child ended and what it wrote."""
+def _classify(job, exit_code, n_calls, collect_files=False, output_full=False):
+    """(status, error, outputs, files) from how the child ended and what it wrote.
+
+    A job that hit a limit fails with that limit's status even when it went on to return: a program
+    that catches the failed fork, or ignores SIGXFSZ and the failed writes, must not pass.
+    ``output_full``: stdout or stderr reached the cap (a write past it failed).
+    """
     limits, data = job.limits, job.data
     if job.timed_out:
         return "timeout", f"timed out after {limits['timeout_s']}s", [], None
@@ -248,6 +253,11 @@ def _classify(job, exit_code, n_calls, collect_files=False):
         return "output_limit", f"output exceeded {limits['max_output_bytes']} bytes", [], None
     if exit_code == -signal.SIGXCPU:
         return "timeout", f"CPU time limit exceeded ({limits['timeout_s']}s)", [], None
+    if b"\n" + child.PROCESS_LIMIT_MARKER in data:
+        return ("process_limit", f"hit the process limit ({limits['processes']} processes and threads): "
+                "a fork or thread start failed", [], None)
+    if output_full:
+        return "output_limit", f"output reached the {limits['max_output_bytes']}-byte cap (writes past it failed)", [], None
     if not data.startswith(b"ready\n"):
         # The child died before the program ran (the program cannot suppress this marker).
         return "infra_error", f"sandbox setup failed in the job process (exit code {exit_code})", [], None
@@ -335,7 +345,9 @@ class Worker:
                 n_calls = len(request["calls"])
             wall, exit_code, cpu, peak = job.finish()
             finished = True
-            outcome = _classify(job, exit_code, n_calls, bool(request.get("collect_files")))
+            cap = request["limits"]["max_output_bytes"]
+            output_full = any(os.fstat(fd).st_size >= cap for fd in self.capture)
+            outcome = _classify(job, exit_code, n_calls, bool(request.get("collect_files")), output_full)
             return self._reply(request, *outcome, wall, exit_code, cpu, peak)
         finally:
             if job is not None and not finished:  # interrupted by a worker-side error: leave nothing running

@@ -174,7 +174,7 @@ class TestVerify:
         ("    return [0] * 10**10\n", "memory", r"exceeded the memory limit \(256 MB\)", True),
         ("    return None\n", "failed", r"returned None, expected", True),
         ("    return True\n", "failed", r"returned True, expected", True),  # bool never equals int
-        ("    return 0\nprint('x' * 10**6)\n", "runtime_error", r"printed or returned more than", True),
+        ("    return 0\nprint('x' * 10**6)\n", "output_limit", r"printed or returned more than", True),
     ]
 
     @pytest.mark.parametrize("completion, status, feedback, parses", MALFORMED)
@@ -183,12 +183,33 @@ class TestVerify:
         verdict = env.verify(task, completion, pool)
         assert verdict.status == status and not verdict.passed
         assert re.search(feedback, verdict.feedback), verdict.feedback
-        assert verdict.steps["parses"] is parses and verdict.components["syntax"] == float(parses)
+        # The steps say what held; no component earns without a test passed (do-nothing earns nothing).
+        assert verdict.steps["parses"] is parses and verdict.components["syntax"] == 0.0
         assert verdict.components["tests_passed"] < 1.0
         assert verdict.failed_step == ("tests_passed" if status == "failed" else "runs" if parses else "parses")
         if not parses:  # not code at all: nothing earns reward
             assert combine(verdict.components, CodeEnv.default_weights) == 0.0
         assert set(verdict.components) == {"syntax", "runs", "tests_passed"} and "wall_s" in verdict.timing
+
+    # A preamble that hits a sandbox limit and carries on, then the right answer: (preamble, status).
+    LIMIT_HITS = [
+        ("    import os, time\n    while True:\n        try:\n            pid = os.fork()\n        except OSError:\n"
+         "            break\n        if pid == 0:\n            time.sleep(5)\n            os._exit(0)\n", "process_limit"),
+        ("    import threading, time\n    try:\n        while True:\n"
+         "            threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+         "    except RuntimeError:\n        pass\n", "process_limit"),
+        ("    import signal\n    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n    try:\n"
+         "        print('y' * 10**6, flush=True)\n    except OSError:\n        pass\n", "output_limit"),
+    ]
+
+    @pytest.mark.parametrize("preamble, status", LIMIT_HITS)
+    def test_a_limit_hit_is_not_a_pass_whatever_it_returns(self, env, pool, tasks, preamble, status):
+        task = next(t for t in tasks if t.kind == "reduce")
+        verdict = env.verify(task, preamble + task.reference, pool)
+        assert verdict.status == status and not verdict.passed, verdict
+        assert combine(verdict.components, CodeEnv.default_weights) == 0.0
+        limit = "process limit (16 processes" if status == "process_limit" else "more than 65536 bytes"
+        assert limit in verdict.feedback, verdict.feedback
 
     def test_verdicts_repeat_exactly(self, env, pool, tasks):
         chosen = tasks[:20]

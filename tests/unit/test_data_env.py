@@ -9,7 +9,7 @@ import pytest
 from closedloop.config import DataEnvParams
 from closedloop.envs import environment_class
 from closedloop.envs.base import SLICES, Environment, in_benchmark
-from closedloop.envs.data import STEPS, DataEnv, compare_tables, operation_key
+from closedloop.envs.data import STEPS, DataEnv, compare_tables, operation_key, unchanged_baseline, values_credit
 from closedloop.envs.data_tasks import FAMILIES
 from closedloop.sandbox import Job, SandboxPool
 from closedloop.sandbox.pool import DEFAULT_PRELOAD
@@ -219,10 +219,12 @@ def test_perturbations_fail_at_the_right_step(env, pool, tasks):
                                             "values_match": "step values:"}[step]), where
         seen.add(what)
         if what == "drop the last row" and task.checks["order"] == "exact":
+            # Partial credit stays: the cells right, above what returning the input unchanged matches.
             rows = len(task.checks["expected"]["rows"])
-            assert verdict.components["values"] == pytest.approx((rows - 1) / rows), where
-        if step == "runs":
-            assert verdict.status == "runtime_error" and verdict.components["syntax"] == 1.0
+            credit = values_credit((rows - 1) / rows, True, unchanged_baseline(task))
+            assert verdict.components["values"] == pytest.approx(credit), where
+        if step == "runs":  # it parsed (the step says so), but earned nothing of the task
+            assert verdict.status == "runtime_error" and verdict.steps["parses"] and verdict.components["syntax"] == 0.0
     assert {"flipped comparison", ">= for >", "kept the group index", "ascending for descending",
             "integer division", "reversed rows", "ignored other.csv"} <= seen
 
@@ -269,7 +271,7 @@ def test_the_model_cannot_replace_the_driver(env, pool, tasks):
 def test_timeout_is_a_run_failure(env, pool, tasks):
     verdict = env.verify(tasks[0], "    while True:\n        pass\n", pool)
     assert verdict.status == "timeout" and verdict.failed_step == "runs"
-    assert verdict.components == {"syntax": 1.0, "runs": 0.0, "schema": 0.0, "values": 0.0}
+    assert verdict.components == {"syntax": 0.0, "runs": 0.0, "schema": 0.0, "values": 0.0}  # nothing earned
 
 
 def test_verdicts_are_deterministic(env, pool, tasks):

@@ -228,8 +228,12 @@ class TestVerdicts:
                 rule_id = ref[index].split(":")[0]
                 verdict = env.verify(task, "\n".join(ref[:index] + [flip(ref[index])] + ref[index + 1:]) + "\n")
                 assert not verdict.passed and verdict.status == "failed" and verdict.failed_step == rule_id
-                assert verdict.steps[rule_id] is False and verdict.components["decision"] == 1.0
-                assert verdict.components["steps"] == pytest.approx(1 - 1 / (len(ref) - 1))
+                # Credit: the conclusions' informedness (0 when the flip leaves them all alike, a
+                # constant); the right decision and the format earn only beside it.
+                answers = [line.endswith("yes") for line in ref[:index] + [flip(ref[index])] + ref[index + 1:-1]]
+                credit = RuleEngine.informedness(answers, RuleEngine.evaluate(task.checks["spec"]).conclusions)
+                assert verdict.steps[rule_id] is False and verdict.components["steps"] == pytest.approx(credit)
+                assert verdict.components["decision"] == verdict.components["format"] == float(credit > 0)
                 assert verdict.feedback.startswith(f"{rule_id} is {ref[index].split(': ')[1]}: ")
 
     def test_a_wrong_decision(self, env, tasks):

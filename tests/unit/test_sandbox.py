@@ -51,6 +51,16 @@ class TestStatuses:
         ("def f(x):\n    while True:\n        print('spam')\n", "output_limit", "output exceeded"),
         ("def f(x):\n    return 'z' * 10**5\n", "output_limit", "returned values exceed 4096 bytes"),
         ("import os\nos.write(3, b'x' * 10**5)\ndef f(x): return x\n", "output_limit", "result pipe"),
+        # A limit hit the program survives is still that limit, whatever it returns after.
+        ("import os, time\ndef f(x):\n    while True:\n        try:\n            pid = os.fork()\n"
+         "        except OSError:\n            break\n        if pid == 0:\n            time.sleep(5)\n"
+         "            os._exit(0)\n    return x\n", "process_limit", "hit the process limit (16 processes"),
+        ("import _thread, time\ndef f(x):\n    try:\n        while True:\n"
+         "            _thread.start_new_thread(time.sleep, (5,))\n    except RuntimeError:\n        pass\n    return x\n",
+         "process_limit", "a fork or thread start failed"),
+        ("import signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\ndef f(x):\n    try:\n"
+         "        print('y' * 10**5, flush=True)\n    except OSError:\n        pass\n    return x\n",
+         "output_limit", "output reached the 4096-byte cap"),
     ]
 
     @pytest.mark.parametrize("program, status, error", CASES)

@@ -186,7 +186,10 @@ class TestPerturbations:
         for t, v in zip(chosen, env.verify_batch(chosen, broken, pool)):
             assert not v.passed and v.status == "failed", (mistake, t.task_id, v.feedback)
             assert v.failed_step == "files_match" and v.components["files"] < 1.0
-            assert (v.components["syntax"], v.components["runs"]) == (1.0, 1.0)
+            # Parsing and running earn only beside some of the asked change (none of it: nothing earns).
+            earned = float(v.components["files"] > 0)
+            assert (v.components["syntax"], v.components["runs"]) == (earned, earned)
+            assert v.steps["parses"] and v.steps["exits_cleanly"]
             assert v.steps["files_match"] == v.components["files"]
             wrong = [step for step, ok in v.steps.items() if step.startswith("file:") and not ok]
             assert wrong and wrong[0][len("file:"):] in v.feedback
@@ -208,10 +211,10 @@ class TestPerturbations:
             for t, v in zip(chosen, env.verify_batch(chosen, [perturb(t) for t in chosen], pool)):
                 assert (v.status, v.failed_step, v.passed) == (status, step, False), (t.task_id, v)
                 assert text in v.feedback, (t.task_id, v.feedback)
-                assert v.components["files"] < 1.0 and v.components["syntax"] == 1.0
-                if status != "failed":
-                    assert v.components == {"syntax": 1.0, "runs": 0.0, "files": 0.0}
-                    assert v.steps["exits_cleanly"] is False
+                assert v.components["files"] < 1.0 and v.components["syntax"] == float(v.components["files"] > 0)
+                if status != "failed":  # it parsed, but did not finish: nothing of the task earned
+                    assert v.components == {"syntax": 0.0, "runs": 0.0, "files": 0.0}
+                    assert v.steps["parses"] is True and v.steps["exits_cleanly"] is False
 
     def test_a_clean_sys_exit_and_other_ways_to_the_same_tree_pass(self, env, tasks, pool):
         rename = of_kind(tasks, "rename_ext")[0]
@@ -228,8 +231,9 @@ class TestPerturbations:
         copies = task.reference.replace("os.rename(", "__import__('shutil').copy(")
         verdict = env.verify(task, copies, pool)
         moved = [p for p in task.checks["start"] if p not in task.checks["expected"]]
-        total = len(task.checks["expected"]) + len(moved)  # every original left behind is one unexpected path
-        assert verdict.components["files"] == pytest.approx((total - len(moved)) / total)
+        # Credit counts only the paths the task changes: each moved file's new path (right) and its
+        # original (left behind: wrong); the files the task leaves alone earn nothing for staying.
+        assert moved and verdict.components["files"] == pytest.approx(len(moved) / (2 * len(moved)))
         assert verdict.steps[f"file:{moved[0]}"] is False and verdict.feedback.startswith("unexpected file ")
 
 
