@@ -571,13 +571,6 @@ class DvcWorkspace:
         except UnicodeDecodeError as error:
             raise DvcError(f"{what}: not UTF-8 text ({error})") from None
 
-    def read_git_at(self, path: str, version: str) -> str | None:
-        """The text of the git-tracked ``path`` (relative to the workspace; a metrics file) as
-        experiment ``version`` committed it; None where that commit has no such file (an experiment
-        saved before the file existed). DvcError naming the experiment when there is none."""
-        rev = self.experiment_rev(version)
-        return _git_try(self.root, "show", f"{rev}:./{path}", strip=False)
-
     def _read_legacy(self, path: str, version: str, what: str) -> str:
         """Outputs recorded by DVC 2 (hash md5-dos2unix, no "hash" field) are read through dvc.api,
         unverified: their hash is not of the raw bytes."""

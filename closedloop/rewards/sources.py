@@ -21,10 +21,13 @@ def component_versions(env: Any, params: Params) -> dict[str, str]:
 
 def verifier_version(name: str, env: Any, params: Params) -> str:
     """The version of environment ``name``'s verifier: its class's code, its section of params.yaml
-    (which holds its sandbox limits and isolation: they change what a verdict means) and the sandbox's code."""
+    (which holds its sandbox limits and isolation: they change what a verdict means), the sandbox's
+    code, and its components' versions: a scoring function outside the class (a module-level helper
+    a component names) changes verdicts as much as the class does."""
     env_params = params.envs.section(name).model_dump(mode="json")
     sandbox = _sandbox_code() if getattr(env, "uses_sandbox", False) else None
-    return source_version(type(env), {"env": env_params, "sandbox": sandbox})
+    return source_version(type(env), {"env": env_params, "sandbox": sandbox,
+                                      "components": component_versions(env, params)})
 
 
 def feedback_sources(params: Params) -> dict[str, str]:

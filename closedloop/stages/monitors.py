@@ -76,7 +76,7 @@ def _at_experiment(ctx: StageContext, name: str) -> IterationData:
             raise StageError(f"monitors.versions: {error}") from None
 
     try:
-        git_texts = [dvc.read_git_at(relative, name) for relative in TRAIN_FILES]
+        git_texts = [dvc.git_text_at(relative, name) for relative in TRAIN_FILES]
     except DvcError as error:  # no such experiment
         raise StageError(f"monitors.versions: {error}") from None
     source = lambda relative: f"experiment {name!r}, {relative}"  # noqa: E731
