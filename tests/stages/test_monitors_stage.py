@@ -134,7 +134,9 @@ def test_block_promotion_makes_the_gate_hold_a_candidate_it_would_promote(ws, bl
     gate = read_json(ws.gate)
     assert gate["promote"] is promote and gate["monitors_holding"] == blocking
     named = [reason for reason in gate["reasons"] if reason.startswith("monitor anomaly_rates (version ")]
-    assert len(named) == 1 and "largest anomaly rise" in named[0]
+    # the reason carries the monitor's own sentence: what rose, from what, against which iteration
+    message = monitors_of(ws)["anomaly_rates"]["message"]
+    assert len(named) == 1 and message in named[0] and "timeout" in message and PREVIOUS in message
     assert named[0].endswith("monitors.block_promotion holds the candidate" if blocking else "so it holds nothing")
     page = gate_markdown(gate, {"iteration": 2, "promoted": promote})
     assert "## Monitors" in page and "| anomaly_rates v" in page
