@@ -488,6 +488,20 @@ class MonitorsParams(_Section):
             raise ValueError(f"unknown monitor {', '.join(map(repr, unknown))}; the monitors are {', '.join(MONITOR_NAMES)}")
         return thresholds
 
+    @model_validator(mode="after")
+    def _blocking_can_fail(self) -> "MonitorsParams":
+        # A monitor that only warns (its fail threshold is null) would sit in block_promotion holding
+        # nothing, silently: refuse it, naming the threshold to set.
+        from closedloop.monitors.registry import BY_NAME
+
+        for name in self.block_promotion:
+            given = self.thresholds.get(name)
+            fail = given.fail if given is not None else BY_NAME[name].default.fail
+            if fail is None:
+                raise ValueError(f"monitors.block_promotion: {name!r} only warns (its fail threshold is null), so it "
+                                 f"could never hold the gate; set monitors.thresholds.{name}.fail")
+        return self
+
 
 class GateParams(_Section):
     min_improvement: float = Field(0.0, ge=0.0, description="Overall pass@1 gain the candidate must exceed.")

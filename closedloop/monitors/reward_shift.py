@@ -17,7 +17,9 @@ from closedloop.monitors.stats import ks_critical, ks_statistic, psi
 
 NAME = "reward_shift"
 VERSION = "1"
-DEFAULT = Threshold(warn=0.1, fail=0.25)
+# Warn only by default: a policy that learns moves its rewards (make run's second iteration shows
+# PSI 0.8 on extract/fields as the policy improved). Set monitors.thresholds.reward_shift.fail to block on it.
+DEFAULT = Threshold(warn=0.1, fail=None)
 
 
 def _distributions(env: str, rows: list[dict]) -> dict[str, list[float]]:

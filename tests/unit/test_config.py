@@ -21,6 +21,10 @@ class TestParse:
             ({"envs": {"custom": {"mine": {}}}}, "envs.custom.mine.entry"),
             ({"monitors": {"block_promotion": ["canry"]}}, "monitors.block_promotion: Value error, unknown monitor 'canry'"),
             ({"monitors": {"thresholds": {"drift": {"warn": 0.1}}}}, "monitors.thresholds: Value error, unknown monitor 'drift'"),
+            # a warn-only monitor (fail: null) can never hold the gate: refused, naming the threshold to set
+            ({"monitors": {"block_promotion": ["reward_shift"]}}, "set monitors.thresholds.reward_shift.fail"),
+            ({"monitors": {"block_promotion": ["canary"], "thresholds": {"canary": {"warn": 0, "fail": None}}}},
+             "set monitors.thresholds.canary.fail"),
             ([1, 2], "expected a mapping"),
         ],
     )

@@ -104,8 +104,8 @@ class TestNormalBatches:
 
 class TestEachMonitorTrips:
     @pytest.mark.parametrize("name, current, verdict, said", [
-        # the reward distribution moved a lot
-        ("reward_shift", dict(pass_rate=0.95), "fail", "PSI"),
+        # the reward distribution moved a lot: warns by default (a policy that learns moves it)
+        ("reward_shift", dict(pass_rate=0.95), "warn", "PSI"),
         # code's verifier version changed: warns by default (a change is often intended)
         ("verifier_shift", dict(verifier={"code": "code-v2"}), "warn", "code code-v1 -> code-v2"),
         # the batch's reward rose while the champion's pass@1 fell
@@ -152,6 +152,11 @@ class TestEachMonitorTrips:
         assert found["verifier_shift"].verdict == "fail" and found["verifier_shift"].fail == 0.5
         assert found["verifier_shift"].figures["code.changed"] == 1.0
         assert found["verifier_shift"].figures["extract.changed"] == 0.0
+
+    def test_reward_shift_fails_where_params_say_so(self):
+        found = results(batch(3, 9, pass_rate=0.95), [batch(1, 9), batch(2, 9)],
+                        thresholds={"reward_shift": {"warn": 0.1, "fail": 0.25}})
+        assert found["reward_shift"].verdict == "fail" and found["reward_shift"].value > 0.25
 
     def test_canary_names_the_envs_and_versions(self):
         before = batch(1)
