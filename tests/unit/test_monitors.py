@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from closedloop.config import MONITOR_NAMES, ConfigError, MonitorsParams, parse_params
+from closedloop.config import MONITOR_NAMES, WARN_ONLY_MONITORS, ConfigError, MonitorsParams, parse_params
 from closedloop.monitors import VERDICT_CODES, IterationData, numbers, report, run_monitors
 from closedloop.monitors.registry import MONITORS
 from closedloop.monitors.stats import (ks_critical, ks_statistic, mean_rise_z, pearson, proportion_rise_z, psi,
@@ -198,6 +198,7 @@ class TestResults:
 
     def test_registry_is_the_config_s_list_and_versioned(self):
         assert tuple(m.name for m in MONITORS) == MONITOR_NAMES
+        assert WARN_ONLY_MONITORS == tuple(m.name for m in MONITORS if m.default.fail is None)
         assert all(m.version for m in MONITORS)
 
     def test_fast_on_a_default_sized_batch(self):
