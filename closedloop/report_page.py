@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 from closedloop import workspace as paths
 from closedloop.workspace import Workspace
 
-EXPERIMENT_NAME = re.compile(r"iter-(\d+)-[0-9a-f]+")
 MONITORS = "data/reports/monitors.json"  # the monitors stage's report (absent before it ran)
 EVALUATE_METRICS = "metrics/evaluate.json"
 # The DVC-tracked files of an iteration shown in the lineage, in DAG order; the rest of its outs follow.
@@ -67,13 +65,9 @@ def recorded_iterations(ws: Workspace, loop_iteration: int) -> dict[int, str | N
 
     found: dict[int, str | None] = {}
     try:
-        names = DvcWorkspace(ws.root).experiments_newest_first()
+        found.update(DvcWorkspace(ws.root).iteration_experiments())
     except Exception:  # noqa: BLE001  (no git repository: only the workspace's own iteration)
-        names = []
-    for name in names:
-        match = EXPERIMENT_NAME.fullmatch(name)
-        if match:
-            found.setdefault(int(match.group(1)), name)
+        pass
     if loop_iteration >= 1 and ws.gate.exists():
         found.setdefault(loop_iteration, None)
     return dict(sorted(found.items()))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,7 +22,6 @@ from typing import Any, Iterable
 from closedloop import workspace as paths
 
 EXAMPLES = 5  # example samples per environment in a report
-ITERATION_EXPERIMENT = re.compile(r"iter-(\d+)-[0-9a-f]+")
 # The keys of a batch's feedback sources that decide its rewards. "human" (the labels' hash) is an
 # input the batch fixed, and "validator:batch" checks a batch without scoring it.
 SCORING_PREFIXES = ("verifier:", "component:", "source:", "combiner")
@@ -51,12 +49,7 @@ def newest_per_iteration(root: Path | str) -> dict[int, str]:
     (an iteration re-run is saved again: its newest save counts, as in lineage.record.replay_versions)."""
     from closedloop.lineage.dvc import DvcWorkspace
 
-    newest: dict[int, str] = {}
-    for name in DvcWorkspace(root).experiments_newest_first():
-        match = ITERATION_EXPERIMENT.fullmatch(name)
-        if match:
-            newest.setdefault(int(match.group(1)), name)
-    return dict(sorted(newest.items()))
+    return DvcWorkspace(root).iteration_experiments()
 
 
 def read_stored_batch(root: Path | str, experiment: str) -> StoredBatch:

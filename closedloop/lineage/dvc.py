@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -81,6 +82,10 @@ LINK_CACHE_TYPES = {"reflink": "reflink,copy", "hardlink": "hardlink,symlink", "
 
 
 logger = logging.getLogger(__name__)
+
+
+# How the loop names the experiment of an iteration: its number, then its candidate's fingerprint.
+ITERATION_EXPERIMENT = re.compile(r"iter-(\d+)-[0-9a-f]+")
 
 
 class DvcWorkspace:
@@ -528,6 +533,16 @@ class DvcWorkspace:
         """Experiment names, the most recently saved first."""
         out = _git(self.root, "for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/exps")
         return [line.rsplit("/", 1)[-1] for line in out.split() if line.count("/") == 4]
+
+    def iteration_experiments(self) -> dict[int, str]:
+        """{iteration: its newest experiment}, oldest iteration first, for every experiment the loop
+        named ``iter-NNN-<fingerprint>``: an iteration re-run is saved again, and its newest save counts."""
+        newest: dict[int, str] = {}
+        for name in self.experiments_newest_first():
+            match = ITERATION_EXPERIMENT.fullmatch(name)
+            if match:
+                newest.setdefault(int(match.group(1)), name)
+        return dict(sorted(newest.items()))
 
     def experiment_rev(self, name: str) -> str:
         """The git commit of experiment ``name``; DvcError naming it when there is none."""

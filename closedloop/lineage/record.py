@@ -216,15 +216,9 @@ def replay_versions(ws: Workspace, params: Params) -> list[str]:
 def recent_experiments(ws: Workspace, current: int, last: int) -> list[str]:
     """The experiments of iterations ``current - last`` .. ``current - 1`` (from 1), oldest first; an
     iteration saved more than once (re-run) counts by its newest save, one never saved is left out."""
-    import re
-
     if last <= 0:
         return []
-    newest: dict[int, str] = {}
-    for name in DvcWorkspace(ws.root).experiments_newest_first():
-        match = re.fullmatch(r"iter-(\d+)-[0-9a-f]+", name)
-        if match:
-            newest.setdefault(int(match.group(1)), name)
+    newest = DvcWorkspace(ws.root).iteration_experiments()
     return [newest[i] for i in range(max(1, current - last), current) if i in newest]
 
 

@@ -10,7 +10,6 @@ Nothing in the report depends on the clock: `dvc repro` writes the same bytes.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from closedloop import workspace as paths
@@ -24,7 +23,6 @@ from closedloop.stages.common import StageContext, StageError
 BATCH_FILES = {"samples": paths.SAMPLES, "rewards": paths.REWARDS, "rollouts": paths.ROLLOUTS,
                "canary": paths.CANARY_CHECK}
 TRAIN_FILES = (metrics_path("train"), info_path("train"))
-_ITERATION = re.compile(r"iter-(\d+)-[0-9a-f]+")
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -60,10 +58,10 @@ def _current(ctx: StageContext) -> IterationData:
 
 def _at_experiment(ctx: StageContext, name: str) -> IterationData:
     """The batch experiment ``name`` saved; a file it lacks (saved before that file existed) is empty."""
-    from closedloop.lineage.dvc import DvcError, DvcWorkspace
+    from closedloop.lineage.dvc import ITERATION_EXPERIMENT, DvcError, DvcWorkspace
 
     dvc = DvcWorkspace(ctx.ws.root)
-    match = _ITERATION.fullmatch(name)
+    match = ITERATION_EXPERIMENT.fullmatch(name)
     if match is None:
         raise StageError(f"monitors.versions: {name!r} is not an iteration's experiment (iter-NNN-<fingerprint>)")
 
