@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     from closedloop.io import BatchFileError
     from closedloop.scaffold import WorkspaceError
     from closedloop.runlock import WorkspaceBusy
+    from closedloop.execution.base import ExecutionError
+    from closedloop.rewards.pools import SandboxSetupError
     from closedloop.stages.common import StageError
 
     try:
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkspaceBusy as error:
         print(f"closedloop: error: {error}", file=sys.stderr)
         return EXIT_BUSY
-    except (ConfigError, StageError, BatchFileError, WorkspaceError, TaskFileError, EnvironmentError_) as error:
+    except (ConfigError, StageError, BatchFileError, WorkspaceError, TaskFileError, EnvironmentError_,
+            SandboxSetupError, ExecutionError) as error:
         print(f"closedloop: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

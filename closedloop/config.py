@@ -554,6 +554,31 @@ class VersioningParams(_Section):
     save_experiments: bool = Field(True, description="Save each iteration as a DVC experiment ref.")
 
 
+class RayParams(_Section):
+    address: str = Field(
+        "", description="Ray cluster to run shards on ('ray://head:10001', 'auto', 'host:6379'); empty: the "
+        "one this process is already connected to (prefect-ray's), else a local Ray started for the stage.",
+    )
+    workers: int = Field(2, ge=1, description="Ray actors a sharded stage starts (each its own sampler or sandbox pools).")
+    num_cpus: float = Field(1.0, ge=0.0, description="CPUs each sampling or reward actor asks for.")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs each sampling actor asks for (reward actors ask for none).")
+    train_num_cpus: float = Field(1.0, ge=0.0, description="CPUs the training task asks for.")
+    train_num_gpus: float = Field(0.0, ge=0.0, description="GPUs the training task asks for.")
+    retries: int = Field(2, ge=0, description="How often a shard whose worker was lost (killed, node gone) is run again.")
+
+
+class ExecutionParams(_Section):
+    backend: Literal["local", "ray"] = Field(
+        "local", description="Where shards run: local (this machine, in the stage's process and its sandbox "
+        "pools) or ray (Ray actors and tasks on execution.ray.address). Results are the same on both.",
+    )
+    shards: int = Field(
+        1, ge=1, description="Shards the sample stage cuts its tasks into, and the reward stage each "
+        "environment's verifications into; samples and rewards do not depend on it.",
+    )
+    ray: RayParams = RayParams()
+
+
 class Params(_Section):
     project: ProjectParams = ProjectParams()
     loop: LoopParams = LoopParams()
@@ -571,6 +596,7 @@ class Params(_Section):
     review: ReviewParams = ReviewParams()
     tracking: TrackingParams = TrackingParams()
     versioning: VersioningParams = VersioningParams()
+    execution: ExecutionParams = ExecutionParams()
 
     @model_validator(mode="after")
     def _combinations_that_work(self) -> "Params":

@@ -35,3 +35,19 @@ def kill_now() -> None:
 
 def delay_s(default: float = 0.5) -> float:
     return float(os.environ.get(f"{ENV}_DELAY_S", default))
+
+
+def kill_worker_once(point: str) -> None:
+    """Kill only this process (a Ray worker, not its process group, which may hold the raylet), once:
+    the first process to reach ``point`` leaves ``CLOSEDLOOP_FAULT_MARKER`` behind, so the retried
+    shard runs through. The point ``shard:<Worker>:<index>`` fires after a shard's work, before its
+    result is returned: the work is lost and must be done again."""
+    if not armed(point):
+        return
+    marker = os.environ.get(f"{ENV}_MARKER")
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)

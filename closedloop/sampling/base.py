@@ -64,8 +64,16 @@ class Sampler(Protocol):
         """How many tokens each prompt is once rendered (chat template) and tokenised."""
 
     def sample(self, prompts: list[str], *, k: int, seed: int, batch_size: int,
-               progress: bool = False) -> tuple[list[list[Completion]], SamplingStats]:
-        """k completions per prompt; ``result[i][j]`` is the j-th of prompt i. Temperature 0 is greedy."""
+               progress: bool = False, first: int = 0) -> tuple[list[list[Completion]], SamplingStats]:
+        """k completions per prompt; ``result[i][j]`` is the j-th of prompt i. Temperature 0 is greedy.
+
+        ``first`` is the position of ``prompts[0]`` in the whole batch, when these prompts are one
+        shard of it: a prompt's samples depend on the seed and its position, never on the sharding
+        (``first`` must be a multiple of :meth:`shard_unit`)."""
+
+    @classmethod
+    def shard_unit(cls, settings: Any, k: int, batch_size: int) -> int:
+        """The prompts a shard boundary must not cut: 1 where each prompt is sampled on its own."""
 
     def close(self) -> None:
         """Release the model, the engine or the managed server."""
@@ -91,9 +99,13 @@ BACKENDS = {
 def open_sampler(params: Any, model_dir: Path) -> Sampler:
     """The sampler ``params.sample.backend`` names, on the model in ``model_dir``. Close it when done
     (it is a context manager)."""
-    name = params.sample.backend.name
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(params, Path(model_dir))
+    return backend_class(params)(params, Path(model_dir))
+
+
+def backend_class(params: Any) -> type:
+    """The class of the sampler ``params.sample.backend`` names (its module imported, nothing opened)."""
+    module, _, cls = BACKENDS[params.sample.backend.name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def check_prompt_lengths(sampler: Sampler, prompts: list[str], names: list[str], max_new_tokens: int) -> list[int]:
@@ -141,6 +153,10 @@ class SamplerBase:
     def prompt_tokens(self, prompts: list[str]) -> list[int]:
         encoded = self.tokenizer(self.render(prompts), add_special_tokens=self.prompt_format.add_special_tokens)
         return [len(ids) for ids in encoded["input_ids"]]
+
+    @classmethod
+    def shard_unit(cls, settings: Any, k: int, batch_size: int) -> int:
+        return 1
 
     def close(self) -> None:
         pass

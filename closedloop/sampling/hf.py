@@ -49,6 +49,7 @@ def generate(
     seed: int,
     batch_size: int,
     progress: bool = False,
+    first_batch: int = 0,
     add_special_tokens: bool = True,
     context_length: int | None = None,
 ) -> tuple[list[list[Generation]], GenerationStats]:
@@ -56,8 +57,10 @@ def generate(
 
     ``batch_size`` counts sequences decoded together, so a batch holds ``batch_size // k`` prompts
     (at least one). ``temperature == 0`` is greedy: each prompt is decoded once and repeated k times.
-    Batch b draws from a generator seeded with ``seed + b``: the same inputs, settings and seed give
-    the same texts; a different ``batch_size`` regroups rows and so gives different samples.
+    Batch b draws from a generator seeded with ``seed + first_batch + b``: the same inputs, settings and
+    seed give the same texts; a different ``batch_size`` regroups rows and so gives different samples.
+    ``first_batch`` is the position of this call's first batch in the whole run, when the prompts are
+    one shard of it (whole batches): the shard then gives the samples the unsharded run gives.
 
     ``add_special_tokens`` is False for prompts a chat template rendered (they hold their own special
     tokens). With ``context_length``, a row stops (finish reason "length") when prompt + completion
@@ -86,7 +89,7 @@ def generate(
         with torch.inference_mode():
             for batch_index, first in enumerate(range(0, len(encoded), prompts_per_batch)):
                 chunk = encoded[first : first + prompts_per_batch]
-                generator = torch.Generator().manual_seed(seed + batch_index)
+                generator = torch.Generator().manual_seed(seed + first_batch + batch_index)
                 batch_start = time.perf_counter()
                 rows = [ids for ids in chunk for _ in range(per_prompt)]
                 tokens, logprobs, eos_hit = _decode_batch(

@@ -92,7 +92,7 @@ class OpenAISampler(SamplerBase):
 
     # -- sampling ------------------------------------------------------------------------------
     def sample(self, prompts: list[str], *, k: int, seed: int, batch_size: int,
-               progress: bool = False) -> tuple[list[list[Completion]], SamplingStats]:
+               progress: bool = False, first: int = 0) -> tuple[list[list[Completion]], SamplingStats]:
         from tqdm.auto import tqdm
 
         greedy = self.settings.temperature == 0
@@ -106,7 +106,7 @@ class OpenAISampler(SamplerBase):
         try:
             with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
                 futures = {pool.submit(self._complete, prompts[i], rendered[i], prompt_tokens[i],
-                                       seed + i * k + j): (i, j) for i, j in jobs}
+                                       seed + (first + i) * k + j): (i, j) for i, j in jobs}
                 for future, key in futures.items():
                     results[key] = future.result()
                     bar.update(k // per_prompt)

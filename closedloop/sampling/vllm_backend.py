@@ -40,7 +40,7 @@ class VllmSampler(SamplerBase):
         self.context_length = self.llm.llm_engine.model_config.max_model_len
 
     def sample(self, prompts: list[str], *, k: int, seed: int, batch_size: int,
-               progress: bool = False) -> tuple[list[list[Completion]], SamplingStats]:
+               progress: bool = False, first: int = 0) -> tuple[list[list[Completion]], SamplingStats]:
         import time
 
         s = self.settings
@@ -49,10 +49,10 @@ class VllmSampler(SamplerBase):
         prompt_ids = [self.tokenizer(p, add_special_tokens=self.prompt_format.add_special_tokens)["input_ids"]
                       for p in self.render(prompts)]
         started = time.perf_counter()
-        # One SamplingParams per prompt, so prompt i's samples depend on (seed, i) only, not on how vLLM
-        # schedules the batch.
+        # One SamplingParams per prompt, so prompt i's samples depend on (seed, its position first + i)
+        # only, not on how vLLM schedules the batch or how the stage sharded it.
         sampling = [self._vllm.SamplingParams(
-            n=per_prompt, temperature=s.temperature, top_p=s.top_p, seed=seed + i,
+            n=per_prompt, temperature=s.temperature, top_p=s.top_p, seed=seed + first + i,
             max_tokens=max(1, min(s.max_new_tokens, self.context_length - len(ids))), stop=list(self.prompt_format.stop) or None,
             logprobs=0, include_stop_str_in_output=False) for i, ids in enumerate(prompt_ids)]
         outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], sampling, use_tqdm=progress)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
 from closedloop.io import say, write_json
+from closedloop.rewards.pools import EnvPools, SandboxSetupError, sandbox_pool  # noqa: F401  (re-exported: stages and tools take them from here)
 from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, split_rates, timing_path
 from closedloop.workspace import Workspace
 
@@ -67,19 +68,6 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
     return {**result, "seconds": timing["seconds"], "timing": timing}
 
 
-def sandbox_pool(params: Params, env: str = "code"):
-    """A sandbox pool with environment ``env``'s limits and isolation (its section's ``sandbox``) and
-    the modules its jobs use preloaded in every worker."""
-    from closedloop.envs import environment_class
-    from closedloop.sandbox import SandboxPool
-    from closedloop.sandbox.pool import DEFAULT_PRELOAD
-
-    settings = params.envs.section(env).sandbox
-    preload = DEFAULT_PRELOAD + tuple(getattr(environment_class(env, params), "sandbox_preload", ()))
-    return SandboxPool(workers=params.reward.workers, limits=settings.limits(), isolation=settings.isolation,
-                       preload=preload)
-
-
 def share_out(total: int, shares: dict[str, float]) -> dict[str, int]:
     """``total`` split by ``shares`` in whole numbers that add up to ``total`` (largest remainders,
     ties broken by name so the split is the same on every run)."""
@@ -95,55 +83,6 @@ def share_out(total: int, shares: dict[str, float]) -> dict[str, int]:
 def env_mix(params: Params, total: int) -> dict[str, int]:
     """How many of ``total`` tasks (or references) each active environment gets, by its share."""
     return share_out(total, {name: params.envs.section(name).share for name in params.envs.active()})
-
-
-class EnvPools:
-    """Verifies completions of any environment, starting each environment's sandbox pool on first need.
-
-    Each environment gets its own pool because limits, exec policy and preloaded modules differ;
-    environments that need no sandbox get none.
-    """
-
-    def __init__(self, params: Params) -> None:
-        self.params = params
-        self._envs: dict[str, Any] = {}
-        self._pools: dict[str, Any] = {}
-
-    def env(self, name: str):
-        if name not in self._envs:
-            from closedloop.envs import get_env
-
-            self._envs[name] = get_env(name, self.params)
-        return self._envs[name]
-
-    def pool(self, name: str):
-        if not self.env(name).uses_sandbox:
-            return None
-        if name not in self._pools:
-            from closedloop.sandbox import SandboxUnavailable
-
-            try:
-                self._pools[name] = sandbox_pool(self.params, name).__enter__()
-            except SandboxUnavailable as error:
-                raise StageError(f"environment {name!r} (envs.{name}.sandbox): {error}") from None
-        return self._pools[name]
-
-    def verify_batch(self, name: str, tasks: list, completions: list[str]) -> list:
-        return self.env(name).verify_batch(tasks, completions, self.pool(name))
-
-    def isolation(self) -> dict[str, str]:
-        return {name: pool.isolation for name, pool in sorted(self._pools.items())}
-
-    def close(self) -> None:
-        pools, self._pools = self._pools, {}
-        for pool in pools.values():
-            pool.__exit__(None, None, None)
-
-    def __enter__(self) -> "EnvPools":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:

@@ -9,6 +9,8 @@ import time
 from collections import Counter, defaultdict
 
 from closedloop.envs import reward_weights
+from closedloop.envs.base import Task
+from closedloop.execution.factory import open_executor
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.nested import deep_merge
 from closedloop.rewards.feedback import FeedbackSourceError
@@ -17,7 +19,8 @@ from closedloop.rewards.hacks import KNOWN_HACKS_CHECK, KnownHacksError, check_k
 from closedloop.rewards.human import LabelsError
 from closedloop.rewards.scoring import score_batch
 from closedloop.rewards.sources import feedback_sources, verifier_version
-from closedloop.stages.common import EnvPools, StageContext, StageError, load_tasks
+from closedloop.rewards.verification import ShardedVerifiers
+from closedloop.stages.common import StageContext, StageError, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
@@ -32,27 +35,39 @@ def run(ctx: StageContext) -> dict:
     except (KnownHacksError, FeedbackSourceError) as error:
         raise StageError(str(error)) from None
     env_names = sorted({s["env"] for s in samples})
-    with EnvPools(ctx.params) as verifiers:
+
+    def weights_of(env):
+        return reward_weights(env, ctx.params)
+
+    def version_of(name, env):
+        return verifier_version(name, env, ctx.params)
+
+    fixed = canary_set(benchmark_records(ctx.ws.benchmark_tasks), ctx.params.monitors.canary_per_env)
+    # The batch's sandboxed verifications run in shards on the executor (execution.backend), every
+    # environment's side by side; scoring reads their verdicts. The known hacks and the canary are
+    # verified by the same workers when checked.
+    with open_executor(ctx.params) as executor, ShardedVerifiers(ctx.params, executor) as verifiers:
+        verifiers.prefetch((s["env"], Task.from_record(tasks[s["task_id"]]), s["completion"]) for s in samples)
         try:
             rows, feedbacks = score_batch(ctx.params, tasks, samples, verifiers, ctx.ws.human_labels,
                                           combiner_version=versions["combiner"])
         except (LabelsError, FeedbackSourceError) as error:
             raise StageError(str(error)) from None
-        checked = check_known_hacks(hacks, verifiers, lambda env: reward_weights(env, ctx.params),
-                                    lambda name, env: verifier_version(name, env, ctx.params))
+        checked = check_known_hacks(hacks, verifiers, weights_of, version_of)
         # The benchmark canary: fixed completions under today's verifiers (a change is a verifier's).
         started = time.perf_counter()
-        fixed = canary_set(benchmark_records(ctx.ws.benchmark_tasks), ctx.params.monitors.canary_per_env)
-        canary = check_canary(fixed, verifiers, lambda env: reward_weights(env, ctx.params),
-                              lambda name, env: verifier_version(name, env, ctx.params))
+        canary = check_canary(fixed, verifiers, weights_of, version_of)
         canary_seconds = time.perf_counter() - started  # its share of the stage (benchmarks/iteration.py)
         isolation = verifiers.isolation()
+        rates = verifiers.verifications_per_s()
 
     write_jsonl(ctx.ws.rewards, rows)
     write_jsonl(ctx.ws.path(KNOWN_HACKS_CHECK), checked)
     write_jsonl(ctx.ws.canary_check, canary)
     named = {key: version for feedback in feedbacks for key, version in feedback.sources.items()}
     figures = _merge_figures([feedback.figures for feedback in feedbacks])
+    # Per environment, over its shards' own seconds (the verifier sources saw verdicts already made).
+    figures["verifications_per_s"] = {env: rates[env] for env in env_names if env in rates}
     return {
         "verifications": len(rows),
         **figures,
