@@ -26,7 +26,35 @@ from closedloop.stages.common import StageContext, StageError, prompt_format_of
 TRAINING_FILE = "closedloop_training.json"
 
 
+TRAIN_FUNCTION = "closedloop.stages.train:train_on_worker"
+
+
 def run(ctx: StageContext) -> dict:
+    """Train where ``execution`` says: in this process (local), or as a Ray task on a worker with
+    ``execution.ray.train_num_cpus`` / ``train_num_gpus``, apart from the sampling and reward workers.
+    The task reads and writes the workspace by its absolute path (on a cluster: a shared filesystem)."""
+    from closedloop.execution.factory import open_executor, train_resources
+
+    payload = {"workspace": str(ctx.ws.root.resolve()), "params": ctx.params.model_dump(mode="json"),
+               "progress": ctx.progress}
+    resources = train_resources(ctx.params)
+    with open_executor(ctx.params) as executor:
+        figures = executor.call(TRAIN_FUNCTION, payload, resources)
+        where = "local" if executor.worker_cpus(resources) is None else \
+            f"{executor.backend} task ({resources.num_cpus:g} CPU, {resources.num_gpus:g} GPU)"
+    return {**figures, "execution": where}  # a string: metrics/info/train.json
+
+
+def train_on_worker(payload: dict) -> dict:
+    """The train stage's work, from plain records (what crosses to a Ray worker)."""
+    from closedloop.config import parse_params
+    from closedloop.workspace import Workspace
+
+    return train(StageContext(ws=Workspace.at(payload["workspace"]), params=parse_params(payload["params"]),
+                              progress=payload["progress"]))
+
+
+def train(ctx: StageContext) -> dict:
     from closedloop.models.loading import load_policy, model_fingerprint, save_policy
     from closedloop.models.settings import save_settings
     from closedloop.training.causal_lm import Checkpointing, ResumeRefused
