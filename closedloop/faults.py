@@ -10,6 +10,8 @@ look-up. The points:
 - ``version:exp-save``: while ``dvc exp save`` runs (``CLOSEDLOOP_FAULT_DELAY_S`` after it started);
 - ``version:mlflow-log``: the iteration's MLflow run is open and half logged;
 - ``version:register``: the candidate is registered, no alias moved yet.
+- ``shard:<Worker>:<index>``: a Ray worker finished shard ``<index>`` and dies before returning it
+  (:func:`kill_worker_once`: that process alone, once per ``CLOSEDLOOP_FAULT_MARKER`` file).
 """
 
 from __future__ import annotations
