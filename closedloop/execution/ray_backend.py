@@ -52,6 +52,22 @@ def _runtime_env() -> dict:
     return {"env_vars": env} if env else {}
 
 
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, naming the key, when the cluster's port does not answer: ray.init itself
+    retries an unreachable head for minutes."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return  # empty (a local Ray), "auto", or a form Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as error:
+        raise ExecutionError(f"execution.ray.address {address}: nothing answers there ({error}); start the "
+                             "cluster (`ray start --head`) or fix the address") from None
+
+
 class RayPool(Pooled):
     def __init__(self, worker: str, setup: dict, resources: Resources, workers: int, retries: int) -> None:
         import ray
@@ -103,6 +119,7 @@ class RayExecutor(Pooled):
         self.settings = params.execution.ray
         self._connected_here = False
         if not ray.is_initialized():
+            _check_reachable(self.settings.address)
             try:
                 ray.init(address=self.settings.address or None, include_dashboard=False, logging_level="warning",
                          configure_logging=True, log_to_driver=True)

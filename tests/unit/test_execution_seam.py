@@ -61,3 +61,20 @@ def test_execution_keys_are_checked():
         parse_params({"execution": {"shards": 0}})
     with pytest.raises(ConfigError, match="execution.ray.wrokers"):
         parse_params({"execution": {"ray": {"wrokers": 2}}})
+
+
+def test_an_unreachable_cluster_fails_at_once_naming_the_key():
+    import socket
+    import time
+
+    from closedloop.execution.base import ExecutionError
+    from closedloop.execution.factory import open_executor
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    params = parse_params({"execution": {"backend": "ray", "ray": {"address": f"127.0.0.1:{port}"}}})
+    started = time.perf_counter()
+    with pytest.raises(ExecutionError, match=f"execution.ray.address 127.0.0.1:{port}: nothing answers"):
+        open_executor(params)
+    assert time.perf_counter() - started < 10
