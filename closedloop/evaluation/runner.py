@@ -21,20 +21,22 @@ def evaluate_policy(
     batch_size: int,
     verifiers: Any,
     progress: bool = False,
+    executor: Any = None,
 ) -> dict[str, Any]:
     """pass@1 over ``samples_per_task`` samples per task, overall and per env/slice.
 
     Champion and candidate are evaluated with the same seed and settings, so the comparison is paired.
-    The completions come from the sampler ``params.sample.backend`` names (see sampling/base.py).
+    The completions come from the sampler ``params.sample.backend`` names (see sampling/base.py), in
+    shards on ``executor``'s workers (None: in this process, as one shard).
     """
+    from closedloop.execution.local import LocalExecutor
     from closedloop.models.loading import model_fingerprint
-    from closedloop.sampling.base import check_prompt_lengths, open_sampler
+    from closedloop.sampling.shards import sample_sharded
 
-    prompts = [task.prompt for task in tasks]
-    with open_sampler(params, model_dir) as sampler:
-        check_prompt_lengths(sampler, prompts, [t.task_id for t in tasks], params.sample.max_new_tokens)
-        generations, stats = sampler.sample(prompts, k=samples_per_task, seed=seed, batch_size=batch_size,
-                                            progress=progress)
+    sampled = sample_sharded(executor or LocalExecutor(), params, model_dir, [task.prompt for task in tasks],
+                             [t.task_id for t in tasks], k=samples_per_task, seed=seed, batch_size=batch_size,
+                             progress=progress)
+    generations, stats = sampled.generations, sampled.stats
     passes = verify_grouped(tasks, generations, verifiers)
     per_task = [
         {"task_id": t.task_id, "env": t.env, "slice": t.slice, "n": samples_per_task, "c": passes[t.task_id]}
@@ -57,6 +59,8 @@ def verify_grouped(tasks: list[Task], generations, verifiers: Any) -> dict[str, 
         for sample in samples:
             by_env[task.env].append((task, sample.text))
     passes = {task.task_id: 0 for task in tasks}
+    # Every environment's verifications at once, where the verifiers can run them side by side.
+    verifiers.prefetch((env_name, task, text) for env_name, items in by_env.items() for task, text in items)
     for env_name, items in by_env.items():
         verdicts = verifiers.verify_batch(env_name, [t for t, _ in items], [c for _, c in items])
         for (task, _), verdict in zip(items, verdicts):

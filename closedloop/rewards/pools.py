@@ -63,6 +63,9 @@ class EnvPools:
                 raise SandboxSetupError(f"environment {name!r} (envs.{name}.sandbox): {error}") from None
         return self._pools[name]
 
+    def prefetch(self, requests: Any) -> None:
+        """Nothing to do ahead: verify_batch verifies on demand (ShardedVerifiers verifies ahead)."""
+
     def verify_batch(self, name: str, tasks: list, completions: list[str]) -> list:
         return self.env(name).verify_batch(tasks, completions, self.pool(name))
 

@@ -9,7 +9,8 @@ samples are the same whether the stage cut the batch into one shard or five, on 
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,34 @@ def sample_shards(prompts: list[str], names: list[str], *, shards: int, unit: in
     return [{"prompts": prompts[r.start:r.stop], "names": names[r.start:r.stop], "first": r.start, "seed": seed,
              "k": k, "batch_size": batch_size, "progress": progress}
             for r in split(len(prompts), shards, unit)]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    generations: list  # generations[i][j]: the j-th Completion of prompt i
+    stats: Any  # SamplingStats over the whole run (its wall time: the stage's, shards side by side)
+    logprobs: bool  # the backend returned sampling log-probabilities
+    prompt_format: str | None  # "raw" | "chat"; None when there was nothing to sample
+    shards: int
+
+
+def sample_sharded(executor: Any, params: Any, model_dir: Path, prompts: list[str], names: list[str], *, k: int,
+                   seed: int, batch_size: int, progress: bool = False) -> Sampled:
+    """k completions per prompt from the model in ``model_dir``, in ``execution.shards`` shards on
+    ``executor``'s workers (one sampler each). Raises the sampler's SamplingError (a prompt too long
+    names its task)."""
+    from closedloop.execution.factory import shard_resources
+    from closedloop.sampling.base import Completion, SamplingStats, backend_class
+
+    unit = backend_class(params).shard_unit(params.sample, k, batch_size)
+    shards = sample_shards(prompts, names, shards=params.execution.shards, unit=unit, seed=seed, k=k,
+                           batch_size=batch_size, progress=progress)
+    setup = {"params": params.model_dump(mode="json"), "model_dir": str(Path(model_dir).resolve())}
+    with executor.pool(SAMPLE_WORKER, setup, shard_resources(params)) as workers:
+        started = time.perf_counter()  # the workers are up (models loaded): sampling time only
+        results = workers.map(shards) if shards else []
+        wall = time.perf_counter() - started
+    generations = [[Completion(**c) for c in row] for result in results for row in result["completions"]]
+    return Sampled(generations=generations, stats=SamplingStats.of(generations, wall),
+                   logprobs=bool(results and results[0]["capabilities"]["logprobs"]),
+                   prompt_format=results[0]["prompt_format"] if results else None, shards=len(shards))

@@ -5,7 +5,9 @@ from __future__ import annotations
 from closedloop.evaluation.runner import evaluate_policy
 from closedloop.io import write_json
 from closedloop.sampling.base import SamplingError
-from closedloop.stages.common import EnvPools, StageContext, StageError, check_sampling_settings, load_tasks
+from closedloop.execution.factory import open_executor
+from closedloop.rewards.verification import ShardedVerifiers
+from closedloop.stages.common import StageContext, StageError, check_sampling_settings, load_tasks
 
 
 def run(ctx: StageContext) -> dict:
@@ -15,12 +17,14 @@ def run(ctx: StageContext) -> dict:
     results = {}
     for model_dir in (ctx.ws.champion, ctx.ws.candidate):
         check_sampling_settings(model_dir, params)
-    with EnvPools(params) as verifiers:
+    # Sampling and verification in shards on the executor (execution.backend), as in sample and reward.
+    with open_executor(params) as executor, ShardedVerifiers(params, executor) as verifiers:
         for role, model_dir in (("champion", ctx.ws.champion), ("candidate", ctx.ws.candidate)):
             try:
                 results[role] = evaluate_policy(
                     model_dir, tasks, params=params, samples_per_task=params.evaluate.samples_per_task,
                     seed=seed, batch_size=params.evaluate.batch_size, verifiers=verifiers, progress=ctx.progress,
+                    executor=executor,
                 )
             except SamplingError as error:
                 raise StageError(f"evaluate {role} ({params.sample.backend.name} backend): {error}") from None

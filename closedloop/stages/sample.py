@@ -7,7 +7,6 @@ tokens and their sampling log-probabilities go to rollouts.jsonl, which GRPO tra
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 from closedloop.io import write_jsonl
@@ -15,10 +14,10 @@ from closedloop.stages.common import StageContext, StageError, check_sampling_se
 
 
 def run(ctx: StageContext) -> dict:
-    from closedloop.execution.factory import open_executor, shard_resources
+    from closedloop.execution.factory import open_executor
     from closedloop.models.loading import model_fingerprint
-    from closedloop.sampling.base import Completion, SamplingError, SamplingStats, backend_class
-    from closedloop.sampling.shards import SAMPLE_WORKER, sample_shards
+    from closedloop.sampling.base import SamplingError
+    from closedloop.sampling.shards import sample_sharded
 
     settings = ctx.params.sample
     tasks = load_tasks(ctx.ws.tasks)
@@ -27,23 +26,15 @@ def run(ctx: StageContext) -> dict:
     seed = ctx.seed("sample")
     # Task ranges on separate workers (execution.backend, execution.shards), each with its own
     # sampler on the champion; cut on the backend's unit, so the samples do not depend on the cut.
-    unit = backend_class(ctx.params).shard_unit(settings, settings.k, settings.batch_size)
-    shards = sample_shards([task.prompt for task in tasks], [task.task_id for task in tasks],
-                           shards=ctx.params.execution.shards, unit=unit, seed=seed, k=settings.k,
-                           batch_size=settings.batch_size, progress=ctx.progress)
-    setup = {"params": ctx.params.model_dump(mode="json"), "model_dir": str(ctx.ws.champion.resolve())}
-    started = time.perf_counter()
     try:
-        with open_executor(ctx.params) as executor, \
-                executor.pool(SAMPLE_WORKER, setup, shard_resources(ctx.params)) as workers:
-            results = workers.map(shards) if shards else []
-            where = f"{executor.backend}, {len(shards)} shard(s)"
+        with open_executor(ctx.params) as executor:
+            sampled = sample_sharded(executor, ctx.params, ctx.ws.champion, [task.prompt for task in tasks],
+                                     [task.task_id for task in tasks], k=settings.k, seed=seed,
+                                     batch_size=settings.batch_size, progress=ctx.progress)
+            where = f"{executor.backend}, {sampled.shards} shard(s)"
     except SamplingError as error:
         raise StageError(f"sample ({settings.backend.name} backend): {error}") from None
-    generations = [[Completion(**c) for c in row] for result in results for row in result["completions"]]
-    stats = SamplingStats.of(generations, time.perf_counter() - started)
-    logprobs_given = results[0]["capabilities"]["logprobs"] if results else False
-    prompt_format = results[0]["prompt_format"] if results else None
+    generations, stats, prompt_format = sampled.generations, sampled.stats, sampled.prompt_format
     samples, timings, rollouts = [], [], []
     for task, task_samples in zip(tasks, generations):
         for index, sample in enumerate(task_samples):
@@ -74,6 +65,6 @@ def run(ctx: StageContext) -> dict:
         "settings_mismatches": mismatches,
         "backend": settings.backend.name,
         "prompt_format": prompt_format,
-        "logprobs_from": "sampler" if logprobs_given else "trainer",
+        "logprobs_from": "sampler" if sampled.logprobs else "trainer",
         "execution": where,  # a string: metrics/info/sample.json, not the numbers
     }

@@ -111,14 +111,15 @@ def test_a_worker_lost_more_often_than_retries_allow_fails_the_stage_naming_the_
 
 def test_the_stage_command_joins_a_cluster_by_its_address(warm, local_ws, local_batch, ray_cluster, tmp_path):
     """`closedloop stage NAME` (what `dvc repro` runs) in its own process, on the cluster at
-    execution.ray.address; the candidate trained on a Ray task there is the one trained locally."""
+    execution.ray.address; the candidate trained on a Ray task there is the one trained locally, and
+    the benchmark evaluation sharded there counts the same passes."""
     where = tmp_path / "ws"
     shutil.copytree(warm, where)
     (where / "params.yaml").write_text(yaml.safe_dump(_params(backend="ray", shards=2,
                                                               ray={"address": ray_cluster, "workers": 2})))
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    for name in ("sample", "reward", "grade", "validate", "train"):
+    for name in ("sample", "reward", "grade", "validate", "train", "evaluate"):
         done = subprocess.run([str(bin_dir / "closedloop"), "stage", name], cwd=where, env=env, capture_output=True,
                               text=True, timeout=600)
         assert done.returncode == 0, done.stderr
@@ -131,7 +132,7 @@ def test_the_stage_command_joins_a_cluster_by_its_address(warm, local_ws, local_
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for name in ("grade", "validate", "train"):
+        for name in ("grade", "validate", "train", "evaluate"):
             run_stage(name, local_ws)
     finally:
         torch.set_num_threads(threads)
@@ -139,3 +140,6 @@ def test_the_stage_command_joins_a_cluster_by_its_address(warm, local_ws, local_
     assert trained["execution"] == "ray task (1 CPU, 0 GPU)"
     assert read_json(local_ws / "metrics/info/train.json")["execution"] == "local"
     assert trained["model_version"] == read_json(local_ws / "metrics/info/train.json")["model_version"]
+    # The benchmark sampled and verified in shards on the cluster: the same passes, task by task.
+    evaluated, local = (read_json(Workspace.at(root).evaluation) for root in (where, local_ws))
+    assert {role: evaluated[role]["per_task"] for role in evaluated} == {role: local[role]["per_task"] for role in local}
