@@ -19,7 +19,8 @@ from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
 from flows.params import workspace_params
-from tasks import lineage, stages
+from flows.ray_runner import stage_runner
+from tasks import lineage
 
 
 @flow(name="closedloop-iteration", log_prints=True, on_cancellation=[on_interrupted], on_crashed=[on_interrupted])
@@ -71,23 +72,27 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
         lineage.merge_reviews(workspace, params, resuming)  # answers queued since the last iteration: its labels
         lineage.close_loop(workspace, record.champion if resuming else None)
         lineage.preflight(workspace, params)  # a missing or corrupt input fails here, before any work
-        for current in ITERATION_STAGES:  # validate stops a failing batch here, before training
-            if current == "gate" and params.review.mode == "before_promotion":
-                current = "review"
-                _review_before_promotion(workspace, params, timing)
-                current = "gate"
-            if resuming and lineage.stage_done(workspace, current):
-                say(f"closedloop: resume: stage {current} already done for iteration {params.loop.iteration} "
-                    "(its outputs match dvc.lock); not run again")
-                timing["skipped"].append(current)
-                continue
-            step_started = time.perf_counter()
-            lineage.note_stage(workspace, current, done=False)
-            metrics = stages.STAGE_TASKS[current](workspace, params, progress)
-            lineage.note_stage(workspace, current, done=True)
-            timing["task"][current] = time.perf_counter() - step_started
-            timing["work"][current] = metrics["seconds"]
-            timing["recorded"][current] = metrics["recorded_seconds"]
+        current = ITERATION_STAGES[0]  # a Ray cluster that cannot be reached: the first stage cannot start
+        # execution.backend local: each stage task called here, in the flow process; ray: submitted to
+        # prefect-ray's RayTaskRunner (flows/ray_runner.py) and waited for, one stage at a time.
+        with stage_runner(params) as run_stage:
+            for current in ITERATION_STAGES:  # validate stops a failing batch here, before training
+                if current == "gate" and params.review.mode == "before_promotion":
+                    current = "review"
+                    _review_before_promotion(workspace, params, timing)
+                    current = "gate"
+                if resuming and lineage.stage_done(workspace, current):
+                    say(f"closedloop: resume: stage {current} already done for iteration {params.loop.iteration} "
+                        "(its outputs match dvc.lock); not run again")
+                    timing["skipped"].append(current)
+                    continue
+                step_started = time.perf_counter()
+                lineage.note_stage(workspace, current, done=False)
+                metrics = run_stage(current, workspace, params, progress)
+                lineage.note_stage(workspace, current, done=True)
+                timing["task"][current] = time.perf_counter() - step_started
+                timing["work"][current] = metrics["seconds"]
+                timing["recorded"][current] = metrics["recorded_seconds"]
     except Exception as error:
         from closedloop.stages.validate import BatchValidationError
 

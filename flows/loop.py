@@ -16,7 +16,8 @@ from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
 from flows.params import workspace_params
 from flows.iteration import iteration_flow
-from tasks import lineage, stages
+from flows.ray_runner import stage_runner
+from tasks import lineage
 
 
 def needs_warm_start(workspace: str) -> bool:
@@ -51,14 +52,15 @@ def warm_start_flow(params: Optional[Params] = None, workspace: str = ".", progr
         write_params(workspace, params)
         lineage.preflight(workspace, params, warm_start=True)
         metrics = {}
-        for name in WARM_START_STAGES:
-            # DVC's verdict decides, as for `dvc repro`: a warm start killed after its SFT keeps it.
-            if lineage.stage_done(workspace, name):
-                say(f"closedloop: resume: stage {name} already done (its outputs match dvc.lock); not run again")
-                continue
-            lineage.note_stage(workspace, name, done=False)
-            metrics = stages.STAGE_TASKS[name](workspace, params, progress)
-            lineage.note_stage(workspace, name, done=True)
+        with stage_runner(params) as run_stage:  # local: in this process; ray: flows/ray_runner.py
+            for name in WARM_START_STAGES:
+                # DVC's verdict decides, as for `dvc repro`: a warm start killed after its SFT keeps it.
+                if lineage.stage_done(workspace, name):
+                    say(f"closedloop: resume: stage {name} already done (its outputs match dvc.lock); not run again")
+                    continue
+                lineage.note_stage(workspace, name, done=False)
+                metrics = run_stage(name, workspace, params, progress)
+                lineage.note_stage(workspace, name, done=True)
         lineage.close_loop(workspace)
         lineage.push(workspace, params)
         version = lineage.register_warm_start(workspace, params)
@@ -89,8 +91,11 @@ def closed_loop(iterations: int = 2, params: Optional[Params] = None, workspace:
         lineage.recover_git_state(workspace)  # before anything reads params.yaml or data/champion.dvc
         params = workspace_params(workspace, params)  # a bad override fails here, before anything is written
         warm = None
-        if needs_warm_start(workspace):
-            warm = warm_start_flow(params, workspace, progress)
-        # Each iteration numbers itself from the workspace (params.yaml's loop.iteration + 1).
-        results = [iteration_flow(params, workspace, progress) for _ in range(iterations)]
+        # execution.backend ray: one connection to the cluster for the warm start and every iteration
+        # (their own runners reuse it); local: nothing.
+        with stage_runner(params):
+            if needs_warm_start(workspace):
+                warm = warm_start_flow(params, workspace, progress)
+            # Each iteration numbers itself from the workspace (params.yaml's loop.iteration + 1).
+            results = [iteration_flow(params, workspace, progress) for _ in range(iterations)]
         return {"warm_start": warm, "iterations": results}
