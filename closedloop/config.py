@@ -557,7 +557,8 @@ class VersioningParams(_Section):
 class RayParams(_Section):
     address: str = Field(
         "", description="Ray cluster to run shards on ('ray://head:10001', 'auto', 'host:6379'); empty: the "
-        "one this process is already connected to (prefect-ray's), else a local Ray started for the stage.",
+        "one this process is already connected to (prefect-ray's), else Ray's default (RAY_ADDRESS, a cluster "
+        "`ray start` began on this machine, or a new local Ray for the stage).",
     )
     workers: int = Field(2, ge=1, description="Ray actors a sharded stage starts (each its own sampler or sandbox pools).")
     num_cpus: float = Field(1.0, ge=0.0, description="CPUs each sampling or reward actor asks for.")
