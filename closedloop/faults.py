@@ -53,3 +53,8 @@ def kill_worker_once(point: str) -> None:
         except FileExistsError:
             return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fault_env() -> dict[str, str]:
+    """The fault variables set here, for workers started elsewhere (a Ray cluster); {} outside tests."""
+    return {key: value for key, value in os.environ.items() if key.startswith(ENV)}

@@ -34,7 +34,6 @@ Pitfalls handled here (prefect 3.9, prefect-ray 0.6, ray 2.60):
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -77,9 +76,9 @@ def prefect_api_url() -> str:
 
 def worker_env() -> dict[str, str]:
     """Environment variables every Ray worker of the flow run gets."""
-    from closedloop.faults import ENV as FAULT_ENV
+    from closedloop.faults import fault_env
 
-    env = {key: value for key, value in os.environ.items() if key.startswith(FAULT_ENV)}  # tests' fault points
+    env = fault_env()  # tests' fault points
     env["PREFECT_API_URL"] = prefect_api_url()
     return env
 
@@ -111,9 +110,9 @@ def remote_options_for(name: str, params: Params) -> dict[str, Any]:
 @contextmanager
 def _entered(runner, address: str) -> Iterator[Any]:
     from closedloop.execution.base import ExecutionError
-    from closedloop.execution.ray_backend import _check_reachable
+    from closedloop.execution.ray_backend import check_reachable
 
-    _check_reachable(address)  # fails in seconds naming the key; ray.init retries for minutes
+    check_reachable(address)  # fails in seconds naming the key; ray.init retries for minutes
     try:
         runner.__enter__()
     except (ConnectionError, ValueError, RuntimeError) as error:

@@ -41,6 +41,9 @@ class Executor(Protocol):
     def worker_cpus(self, resources: Resources | None = None) -> int | None:
         """The cores one worker may use (None: the whole machine, as in the stage's own process)."""
 
+    def describe_call(self, resources: Resources) -> str:
+        """Where :meth:`call` runs with ``resources``, in words (the stage's info file says it)."""
+
     def call(self, function: str, payload: dict, resources: Resources | None = None) -> Any:
         """``function(payload)`` where resources allow (the train stage on a GPU worker)."""
 

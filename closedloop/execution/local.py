@@ -31,6 +31,9 @@ class LocalExecutor(Pooled):
     def worker_cpus(self, resources: Resources | None = None) -> int | None:
         return None  # the stage's process has the whole machine
 
+    def describe_call(self, resources: Resources) -> str:
+        return "local"
+
     def call(self, function: str, payload: dict, resources: Resources | None = None) -> Any:
         return load(function)(payload)
 

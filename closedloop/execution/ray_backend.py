@@ -10,11 +10,10 @@ cluster: the executor uses that connection and never calls ``ray.init()`` beside
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from closedloop.execution.base import ExecutionError, Pooled, Resources, load
-from closedloop.faults import ENV as FAULT_ENV, kill_worker_once
+from closedloop.faults import fault_env, kill_worker_once
 
 
 class ShardActor:
@@ -48,11 +47,11 @@ def _unwrapped(error: Exception) -> Exception:
 
 def _runtime_env() -> dict:
     # Fault points reach workers of a cluster started elsewhere (tests); unset, nothing is passed.
-    env = {key: value for key, value in os.environ.items() if key.startswith(FAULT_ENV)}
+    env = fault_env()
     return {"env_vars": env} if env else {}
 
 
-def _check_reachable(address: str) -> None:
+def check_reachable(address: str) -> None:
     """Fail in seconds, naming the key, when the cluster's port does not answer: ray.init itself
     retries an unreachable head for minutes."""
     import socket
@@ -119,7 +118,7 @@ class RayExecutor(Pooled):
         self.settings = params.execution.ray
         self._connected_here = False
         if not ray.is_initialized():
-            _check_reachable(self.settings.address)
+            check_reachable(self.settings.address)
             try:
                 ray.init(address=self.settings.address or None, include_dashboard=False, logging_level="warning",
                          configure_logging=True, log_to_driver=True)
@@ -136,6 +135,9 @@ class RayExecutor(Pooled):
     def worker_cpus(self, resources: Resources | None = None) -> int | None:
         resources = resources or Resources(self.settings.num_cpus, self.settings.num_gpus)
         return max(1, int(resources.num_cpus))
+
+    def describe_call(self, resources: Resources) -> str:
+        return f"ray task ({resources.num_cpus:g} CPU, {resources.num_gpus:g} GPU)"
 
     def call(self, function: str, payload: dict, resources: Resources | None = None) -> Any:
         from ray.exceptions import RayTaskError

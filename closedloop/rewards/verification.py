@@ -64,6 +64,16 @@ class ShardedVerifiers:
         self._counts: dict[str, int] = {}
         self._isolation: dict[str, str] = {}
         self._pool = None
+        # id(task) -> (task, record, key): a task's record hashed once, however many samples ask
+        # (the task is held, so its id is not reused while the entry lives).
+        self._keyed: dict[int, tuple[Any, dict, str]] = {}
+
+    def _key_of(self, task: Any) -> tuple[dict, str]:
+        entry = self._keyed.get(id(task))
+        if entry is None or entry[0] is not task:
+            record = task.to_record()
+            entry = self._keyed[id(task)] = (task, record, _task_key(record))
+        return entry[1], entry[2]
 
     def env(self, name: str):
         if name not in self._envs:
@@ -78,8 +88,8 @@ class ShardedVerifiers:
 
         pending: dict[str, dict[tuple[str, str, str], tuple[dict, str]]] = {}
         for env_name, task, completion in requests:
-            record = task.to_record()
-            key = (env_name, _task_key(record), completion)
+            record, task_key = self._key_of(task)
+            key = (env_name, task_key, completion)
             if key not in self._verdicts:
                 pending.setdefault(env_name, {}).setdefault(key, (record, completion))
         shards, keys = [], []
@@ -109,7 +119,7 @@ class ShardedVerifiers:
 
     def verify_batch(self, name: str, tasks: Sequence[Any], completions: Sequence[str]) -> list:
         self.prefetch((name, task, completion) for task, completion in zip(tasks, completions))
-        return [self._verdicts[(name, _task_key(task.to_record()), completion)]
+        return [self._verdicts[(name, self._key_of(task)[1], completion)]
                 for task, completion in zip(tasks, completions)]
 
     def isolation(self) -> dict[str, str]:

@@ -47,7 +47,8 @@ def run(ctx: StageContext) -> dict:
     # environment's side by side; scoring reads their verdicts. The known hacks and the canary are
     # verified by the same workers when checked.
     with open_executor(ctx.params) as executor, ShardedVerifiers(ctx.params, executor) as verifiers:
-        verifiers.prefetch((s["env"], Task.from_record(tasks[s["task_id"]]), s["completion"]) for s in samples)
+        task_of = {task_id: Task.from_record(record) for task_id, record in tasks.items()}  # one per task, not per sample
+        verifiers.prefetch((s["env"], task_of[s["task_id"]], s["completion"]) for s in samples)
         try:
             rows, feedbacks = score_batch(ctx.params, tasks, samples, verifiers, ctx.ws.human_labels,
                                           combiner_version=versions["combiner"])

@@ -40,8 +40,7 @@ def run(ctx: StageContext) -> dict:
     resources = train_resources(ctx.params)
     with open_executor(ctx.params) as executor:
         figures = executor.call(TRAIN_FUNCTION, payload, resources)
-        where = "local" if executor.worker_cpus(resources) is None else \
-            f"{executor.backend} task ({resources.num_cpus:g} CPU, {resources.num_gpus:g} GPU)"
+        where = executor.describe_call(resources)
     return {**figures, "execution": where}  # a string: metrics/info/train.json
 
 
