@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ITERATIONS ?= 2
 
-.PHONY: run test install clean sandbox-deps
+.PHONY: run test test-fast install clean sandbox-deps
 
 ## make run: set up, then warm start + $(ITERATIONS) closed-loop iterations on the built-in policy
 run: $(STAMP) sandbox-deps
@@ -13,7 +13,11 @@ run: $(STAMP) sandbox-deps
 
 ## make test: set up, then the whole test suite
 test: $(STAMP) sandbox-deps
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=25
+
+## make test-fast: the inner loop: the unit tests only (no whole iteration, Prefect server or Ray cluster)
+test-fast: $(STAMP) sandbox-deps
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=10 tests/unit -m "not slow and not ray and not gpu"
 
 install: $(STAMP)
 

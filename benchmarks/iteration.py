@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="a small setting instead of the defaults")
     parser.add_argument("--iterations", type=int, default=1,
                         help="run this many iterations and time the last (from 2 on, the monitors read history)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="build the workspace here and keep it (its metrics/ hold every stage's figures)")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -42,8 +44,8 @@ def main() -> None:
     from closedloop.scaffold import init_workspace
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "ws"
-        root.mkdir()
+        root = args.keep.resolve() if args.keep else Path(tmp) / "ws"
+        root.mkdir(parents=True)
         (root / "params.yaml").write_text(yaml.safe_dump(SMALL if args.small else {}))
         init_workspace(root)
         from flows.iteration import iteration_flow
