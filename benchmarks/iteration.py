@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None,
                         help="build the workspace here and keep it (its metrics/ hold every stage's figures)")
     args = parser.parse_args()
+    if args.keep and args.keep.exists():
+        parser.error(f"--keep {args.keep}: already exists; name a new directory")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     import yaml
