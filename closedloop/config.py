@@ -396,7 +396,18 @@ class TrainParams(_Section):
         "rft",
         description="sft: references only; rft: the batch's positives and fixes; grpo: group-relative policy optimisation on all k samples.",
     )
-    steps: int = Field(400, ge=0, description="Optimiser steps in sft and rft modes (grpo: grpo.epochs).")
+    steps: int | None = Field(
+        None, ge=0,
+        description="Optimiser steps in sft and rft modes, an explicit override; unset: `epochs` passes over the "
+                    "training mix, so the budget follows what is new (grpo: grpo.epochs).",
+    )
+    epochs: float = Field(3.0, gt=0, description="Passes over the training mix when `steps` is unset.")
+    reference_fraction: float | None = Field(
+        0.25, ge=0.0, lt=1.0,
+        description="rft: cap on the warm-start references' share of the training mix (a seeded subset of them "
+                    "rides along with the batch's new examples, so the loop does not forget them); null: all of "
+                    "them, whatever the batch holds.",
+    )
     batch_size: int = Field(32, gt=0, description="Examples (grpo: rollouts) per step.")
     lr: float = Field(1e-3, gt=0, description="Learning rate in sft and rft modes.")
     warmup_steps: int = Field(10, ge=0)
@@ -566,6 +577,10 @@ class RayParams(_Section):
     train_num_cpus: float = Field(1.0, ge=0.0, description="CPUs the training task asks for.")
     train_num_gpus: float = Field(0.0, ge=0.0, description="GPUs the training task asks for.")
     retries: int = Field(2, ge=0, description="How often a shard whose worker was lost (killed, node gone) is run again.")
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="How long a stage waits for its Ray actors to be placed and ready before it fails, "
+        "naming the resources they asked for and what the cluster has.",
+    )
 
 
 class ExecutionParams(_Section):

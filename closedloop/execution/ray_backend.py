@@ -67,8 +67,25 @@ def check_reachable(address: str) -> None:
                              "cluster (`ray start --head`) or fix the address") from None
 
 
+def fitting_workers(wanted: int, num_cpus: float, num_gpus: float, available: dict) -> int:
+    """How many of ``wanted`` actors of ``num_cpus`` / ``num_gpus`` each the free resources hold (at
+    least one: a cluster too busy for one gets the placement deadline, which names what is missing)."""
+    fits = [wanted]
+    if num_cpus > 0:
+        fits.append(int(available.get("CPU", 0.0) // num_cpus))
+    if num_gpus > 0:
+        fits.append(int(available.get("GPU", 0.0) // num_gpus))
+    return max(1, min(fits))
+
+
 class RayPool(Pooled):
-    def __init__(self, worker: str, setup: dict, resources: Resources, workers: int, retries: int) -> None:
+    """``workers`` actors of one worker kind, fewer where the cluster's free resources hold fewer: a
+    stage's pools start in turn on a small cluster (a 2-CPU local Ray) instead of waiting on each
+    other. An actor that is not placed within ``placement_timeout_s`` fails the pool, naming what it
+    asked for and what the cluster has."""
+
+    def __init__(self, worker: str, setup: dict, resources: Resources, workers: int, retries: int,
+                 placement_timeout_s: float = 120.0) -> None:
         import ray
 
         actor_class = ray.remote(ShardActor).options(
@@ -76,12 +93,26 @@ class RayPool(Pooled):
             max_task_retries=retries, runtime_env=_runtime_env() or None)
         self._ray = ray
         self._worker = worker
-        self._actors = [actor_class.remote(worker, setup) for _ in range(workers)]
+        count = fitting_workers(workers, resources.num_cpus, resources.num_gpus, _free_while_waiting(ray))
+        self._actors = [actor_class.remote(worker, setup) for _ in range(count)]
         try:
-            ray.get([actor.ready.remote() for actor in self._actors])
+            pending = [actor.ready.remote() for actor in self._actors]
+            _, waiting = ray.wait(pending, num_returns=len(pending), timeout=placement_timeout_s)
+            if waiting:
+                raise ExecutionError(
+                    f"{len(waiting)} of {count} Ray actors for {worker} (each asking for {resources.num_cpus:g} CPU, "
+                    f"{resources.num_gpus:g} GPU) were not placed or ready within {placement_timeout_s:g} s "
+                    f"(execution.ray.placement_timeout_s); the cluster has {_resources(ray.cluster_resources())} "
+                    f"in all, {_resources(ray.available_resources())} free. Lower execution.ray.num_cpus / "
+                    "num_gpus or execution.ray.workers, or give the cluster more")
+            ray.get(pending)
         except Exception as error:
             self.close()
             raise _unwrapped(error) from None
+
+    @property
+    def workers(self) -> int:
+        return len(self._actors)
 
     def map(self, shards: Sequence[dict]) -> list[Any]:
         from ray.exceptions import RayActorError, RayTaskError
@@ -109,6 +140,23 @@ class RayPool(Pooled):
             self._ray.kill(actor)
 
 
+def _free_while_waiting(ray: Any) -> dict:
+    """The cluster's free resources once this process blocks on its actors: inside a Ray task (a
+    stage under prefect-ray) Ray lends the task's own CPUs to what it waits for."""
+    free = dict(ray.available_resources())
+    context = ray.get_runtime_context()
+    if context.get_task_id() is not None:
+        for name, amount in context.get_assigned_resources().items():
+            if name == "CPU":
+                free[name] = free.get(name, 0.0) + amount
+    return free
+
+
+def _resources(figures: dict) -> str:
+    shown = {name: figures[name] for name in ("CPU", "GPU") if name in figures}
+    return ", ".join(f"{value:g} {name}" for name, value in shown.items()) or "nothing"
+
+
 class RayExecutor(Pooled):
     backend = "ray"
 
@@ -130,7 +178,8 @@ class RayExecutor(Pooled):
 
     def pool(self, worker: str, setup: dict, resources: Resources | None = None) -> RayPool:
         resources = resources or Resources(self.settings.num_cpus, self.settings.num_gpus)
-        return RayPool(worker, setup, resources, self.settings.workers, self.settings.retries)
+        return RayPool(worker, setup, resources, self.settings.workers, self.settings.retries,
+                       self.settings.placement_timeout_s)
 
     def worker_cpus(self, resources: Resources | None = None) -> int | None:
         resources = resources or Resources(self.settings.num_cpus, self.settings.num_gpus)

@@ -28,6 +28,9 @@ def run(ctx: StageContext) -> dict:
                 )
             except SamplingError as error:
                 raise StageError(f"evaluate {role} ({params.sample.backend.name} backend): {error}") from None
+            # The verifier workers go before the next policy's samplers start: on a small cluster (a
+            # 2-CPU local Ray) both pools at once do not fit, and the samplers would wait forever.
+            verifiers.close()
     write_json(ctx.ws.evaluation, results)
     metrics = {}
     for role, result in results.items():

@@ -17,7 +17,10 @@ it, and the version step registers no model version for it.
 from __future__ import annotations
 
 import json
+import math
+import random
 import shutil
+from dataclasses import dataclass
 from functools import partial
 
 from closedloop.io import read_json, read_jsonl
@@ -147,11 +150,16 @@ def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint
         records = read_jsonl(ctx.ws.train_set, required=("source", "prompt", "completion"))
         replayed, replay = replay_positives(ctx, records)
         records += replayed
+    references: list[dict] = []
     if params.include_references or params.mode == "sft":
-        records += [{**r, "source": "reference"} for r in read_jsonl(ctx.ws.references, required=("prompt", "completion"))]
+        references = [{**r, "source": "reference"} for r in read_jsonl(ctx.ws.references, required=("prompt", "completion"))]
+    budget = training_budget(len(records), len(references), mode=params.mode, steps=params.steps, epochs=params.epochs,
+                             reference_fraction=params.reference_fraction, batch_size=params.batch_size)
+    records += random.Random(seed).sample(references, budget.references) if budget.references < len(references) \
+        else references
     examples = [Example(prompt=r["prompt"], completion=r["completion"]) for r in records]
     stats = train_causal_lm(
-        model, tokenizer, examples, steps=params.steps, batch_size=params.batch_size, lr=params.lr,
+        model, tokenizer, examples, steps=budget.steps, batch_size=params.batch_size, lr=params.lr,
         warmup_steps=params.warmup_steps, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
         micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
         encode_prompt=encode_prompt,
@@ -159,10 +167,42 @@ def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint
     sources: dict[str, int] = {}
     for record in records:
         sources[record["source"]] = sources.get(record["source"], 0) + 1
-    return {"examples": sources, "replay": replay, "steps": stats.steps, "tokens": stats.tokens,
+    return {"examples": sources, "replay": replay, "steps": stats.steps, "budget": budget.reason,
+            "references_available": len(references), "tokens": stats.tokens,
+            "padding_share": round(stats.padding_share, 4), "packed": stats.packed,
             "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
             "final_loss": stats.final_loss,
-            "untrained_reason": "train.steps is 0" if params.steps == 0 else "the training set is empty"}
+            "untrained_reason": "train.steps is 0" if params.steps == 0 else
+            "the batch has no new examples (positives, fixes or unsolved references)" if params.mode == "rft"
+            else "the training set is empty"}
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: int
+    references: int  # how many of the warm-start references ride along
+    reason: str  # how the step count was reached, for the stage metrics
+
+
+def training_budget(new: int, references: int, *, mode: str, steps: int | None, epochs: float,
+                    reference_fraction: float | None, batch_size: int) -> Budget:
+    """How many references join the training mix and how many steps train on it.
+
+    ``new`` counts the batch's examples (positives, fixes, unsolved references) and the replayed ones.
+    In rft the references are capped at ``reference_fraction`` of the mix, so with nothing new there
+    is nothing to train on (references alone would be the sft control); None keeps all of them. In
+    sft the references are the whole mix. The steps are ``steps`` when set (an explicit override),
+    otherwise ``epochs`` passes over the mix: the budget follows what the batch brought.
+    """
+    if mode == "sft" or reference_fraction is None:
+        kept = references
+    else:
+        kept = min(references, math.floor(new * reference_fraction / (1 - reference_fraction)))
+    total = (0 if mode == "sft" else new) + kept
+    if steps is not None:
+        return Budget(steps if total else 0, kept, f"train.steps: {steps}")
+    planned = math.ceil(epochs * total / batch_size)
+    return Budget(planned, kept, f"{epochs:g} epochs of {total} examples at batch {batch_size}")
 
 
 def replay_positives(ctx: StageContext, current: list[dict]) -> tuple[list[dict], dict[str, int]]:

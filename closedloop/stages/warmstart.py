@@ -85,6 +85,8 @@ def run(ctx: StageContext) -> dict:
         "train_steps": stats.steps,
         "lora": params.warmstart.lora,
         "train_tokens_per_s": round(stats.tokens_per_s, 1),
+        "train_padding_share": round(stats.padding_share, 4),
+        "train_packed": stats.packed,
         "first_loss": stats.first_loss,
         "final_loss": stats.final_loss,
         "benchmark_pass@1": evaluation["summary"]["overall"]["pass@1"],

@@ -50,11 +50,17 @@ class TrainStats:
     steps: int
     examples: int
     tokens: int  # non-pad tokens fed to the model, prompt tokens included
+    positions: int  # token positions computed, padding included: tokens / positions is the useful share
     wall_s: float
     tokens_per_s: float
     first_loss: float | None
     final_loss: float | None  # the last step's loss; ``losses`` has every step for smoothing
     losses: list[float] = field(default_factory=list)
+    packed: bool = False  # several examples shared a row (attention kept apart), see _pack
+
+    @property
+    def padding_share(self) -> float:
+        return 1.0 - self.tokens / self.positions if self.positions else 0.0
 
 
 def encode_example(tokenizer: Any, example: Example,
@@ -98,6 +104,7 @@ def train_causal_lm(
     micro_batch_size: int = 0,
     gradient_checkpointing: bool = False,
     encode_prompt: Callable[[str], list[int]] | None = None,
+    pack: bool = True,
 ) -> TrainStats:
     """Train ``model`` in place for ``steps`` AdamW steps; returns what happened. Leaves it in eval mode.
 
@@ -112,6 +119,12 @@ def train_causal_lm(
     every ``checkpoint.every`` steps, and a run that finds a checkpoint of itself continues from it:
     the batches are a pure function of the seed, so the result equals an uninterrupted run's. The
     checkpoint is removed once training completes.
+
+    With ``pack`` (the default), each batch's examples are packed into as few rows as fit the batch's
+    longest example, each example with positions from 0 and attention that never crosses into its
+    neighbours (see :func:`_pack`): the same batch, the same loss up to float rounding, with far fewer
+    padded positions computed. A model whose attention does not honour packed positions is detected
+    on the first batch (the packed loss differs from the padded one) and trained padded instead.
     """
     if steps < 0 or batch_size < 1 or lr <= 0 or warmup_steps < 0:
         raise ValueError(
@@ -119,7 +132,7 @@ def train_causal_lm(
             f"warmup_steps ({warmup_steps}) >= 0"
         )
     if steps == 0 or not examples:
-        return TrainStats(steps=0, examples=len(examples), tokens=0, wall_s=0.0, tokens_per_s=0.0,
+        return TrainStats(steps=0, examples=len(examples), tokens=0, positions=0, wall_s=0.0, tokens_per_s=0.0,
                           first_loss=None, final_loss=None, losses=[])
 
     limit = getattr(model.config, "max_position_embeddings", None)
@@ -135,12 +148,27 @@ def train_causal_lm(
     # predicts token t + 1, so the first label is never a target).
     loss_tokens = [sum(1 for label in labels[1:] if label != IGNORE_INDEX) for _, labels in encoded]
 
+    # Whether packing is used: decided on the first batch in which examples share a row (None: not yet).
+    packing: dict[str, bool | None] = {"on": None if pack else False}
+    positions = 0
+
     def step_loss(indices: list[int], denominator: int | None) -> tuple[Any, int]:
-        input_ids, attention_mask, labels = (t.to(model.device) for t in _collate([encoded[i] for i in indices], pad_id))
+        nonlocal positions
+        rows = [encoded[i] for i in indices]
+        inputs = _padded(rows, pad_id)
+        if packing["on"] is not False:
+            packed = _pack(rows, pad_id)
+            if len(packed["input_ids"]) < len(rows):
+                if packing["on"] is None:
+                    packing["on"] = _packing_agrees(model, inputs, packed)
+                if packing["on"]:
+                    inputs = packed
+        inputs = {name: t.to(model.device) for name, t in inputs.items()}
+        positions += inputs["input_ids"].numel()
         # The batch's own token mean, or (a micro-batch) its token sum over the whole batch's count.
         extra = {} if denominator is None else {"num_items_in_batch": denominator}
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **extra).loss
-        return loss, int(attention_mask.sum())
+        loss = model(**inputs, use_cache=False, **extra).loss
+        return loss, sum(len(ids) for ids, _ in rows)
 
     started = time.perf_counter()
     losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
@@ -152,11 +180,13 @@ def train_causal_lm(
         steps=len(losses),
         examples=len(examples),
         tokens=tokens,
+        positions=positions,
         wall_s=wall,
         tokens_per_s=tokens / wall if wall > 0 else 0.0,
         first_loss=losses[0],
         final_loss=losses[-1],
         losses=losses,
+        packed=bool(packing["on"]),
     )
 
 
@@ -400,6 +430,77 @@ def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any,
     attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])  # (B, T)
     labels = torch.tensor([lab + [IGNORE_INDEX] * (width - len(lab)) for _, lab in rows])  # (B, T)
     return input_ids, attention_mask, labels
+
+
+def _padded(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, Any]:
+    input_ids, attention_mask, labels = _collate(rows, pad_id)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def pack_rows(lengths: list[int], width: int) -> list[list[int]]:
+    """Example indices grouped into rows of at most ``width`` tokens: first-fit, longest first.
+
+    Deterministic (ties keep the input order), so a batch always packs the same way.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in order:
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(width - lengths[i])
+    return rows
+
+
+def _pack(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, Any]:
+    """The batch's examples packed into rows as wide as its longest example.
+
+    Each example's positions restart at 0; with no attention mask and no cache, transformers reads
+    the restarts as packed sequences and builds a block-diagonal causal mask, so no token attends
+    across examples (the padding tail of a row is a segment of its own). Each example's first label
+    is IGNORE_INDEX: the loss shifts labels by one inside a row, and the previous example's last
+    position must not learn to predict the next example's first token. (A prompt's first token is
+    never a target in a padded batch either.)
+    """
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    input_ids, positions, labels = [], [], []
+    for members in pack_rows([len(ids) for ids, _ in rows], width):
+        ids_row, pos_row, lab_row = [], [], []
+        for i in members:
+            ids, lab = rows[i]
+            ids_row += ids
+            pos_row += range(len(ids))
+            lab_row += [IGNORE_INDEX] + lab[1:]
+        tail = width - len(ids_row)
+        input_ids.append(ids_row + [pad_id] * tail)
+        positions.append(pos_row + list(range(tail)))
+        labels.append(lab_row + [IGNORE_INDEX] * tail)
+    return {"input_ids": torch.tensor(input_ids), "position_ids": torch.tensor(positions),
+            "labels": torch.tensor(labels)}
+
+
+def _packing_agrees(model: Any, padded: dict[str, Any], packed: dict[str, Any]) -> bool:
+    """Whether ``model`` gives the packed batch the padded batch's loss (its attention honours the
+    restarted positions). Models built on transformers' mask utilities do; one that ignores position
+    ids for masking would let packed examples attend to each other, and is trained padded."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            losses = [model(**{k: t.to(model.device) for k, t in inputs.items()}, use_cache=False).loss.float()
+                      for inputs in (padded, packed)]
+    finally:
+        model.train(was_training)
+    return bool(torch.isclose(losses[0], losses[1], rtol=1e-4, atol=1e-5))
 
 
 def _warmup_cosine(warmup_steps: int, steps: int) -> Any:

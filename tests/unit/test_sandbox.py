@@ -6,6 +6,7 @@ Kept small (two workers, short limits): the machine has two shared cores.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 
@@ -184,6 +185,12 @@ class TestPool:
         with SandboxPool(workers=1, limits=LIMITS) as pool:
             worker = pool._workers[0]
             os.kill(worker.proc.pid, signal.SIGKILL)
+            # The pid is bubblewrap's where the jail has one; the jailed worker it started dies a moment
+            # later (--die-with-parent) and, under load, could still answer a job sent in between.
+            # Its output pipe reaching end-of-file is the whole worker gone.
+            deadline = time.monotonic() + 30
+            while select.select([worker.out_fd], [], [], 1.0)[0] == [] or os.read(worker.out_fd, 1 << 16):
+                assert time.monotonic() < deadline, "the killed worker's pipe never closed"
             results = pool.run([Job(IDENTITY, "f", [[7]])])
             assert results[0].outputs == [CallOutcome(True, 7, "")] and pool.restarts == 1
 

@@ -15,6 +15,9 @@ from closedloop.training.causal_lm import (
     Example,
     _batch_indices,
     _collate,
+    _pack,
+    _padded,
+    pack_rows,
     _warmup_cosine,
     encode_example,
     train_causal_lm,
@@ -259,6 +262,84 @@ class TestMemorySettings:
         completion = tokenizer(example.completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         assert input_ids[len(prompt):] == labels[len(prompt):] == completion
         assert len(prompt) > len(encode_example(tokenizer, example)[0]) - len(completion)  # not the default
+
+
+# Short and long examples, so that several short ones share a packed row.
+MIXED = [Example(e.prompt * 3, e.completion * 3) if i % 4 == 0 else e for i, e in enumerate(EXAMPLES)]
+
+
+class TestPacking:
+    SHORT = dict(steps=6, batch_size=16, lr=5e-3, warmup_steps=1, seed=0)
+
+    def test_rows_hold_every_example_once_within_the_width(self):
+        lengths = [random.Random(n).randint(1, 40) for n in range(60)]
+        rows = pack_rows(lengths, 40)
+        assert sorted(i for row in rows for i in row) == list(range(60))
+        assert all(sum(lengths[i] for i in row) <= 40 for row in rows)
+        assert len(rows) < 60 and pack_rows(lengths, 40) == rows  # it packs, and always the same way
+
+    def test_a_packed_batch_restarts_positions_and_never_labels_an_example_s_first_token(self, tokenizer):
+        rows = [encode_example(tokenizer, e) for e in MIXED[:6]]
+        packed = _pack(rows, pad_id=tokenizer.pad_token_id)
+        assert "attention_mask" not in packed  # transformers reads packed sequences off the positions
+        width = max(len(ids) for ids, _ in rows)
+        assert packed["input_ids"].shape[1] == width and packed["input_ids"].shape[0] < len(rows)
+        ids, positions, labels = (packed[k].flatten().tolist() for k in ("input_ids", "position_ids", "labels"))
+        starts = [j for j, p in enumerate(positions) if p == 0]
+        assert all(labels[j] == IGNORE_INDEX for j in starts)
+        targets = sorted(t for t in labels if t != IGNORE_INDEX)
+        assert targets == sorted(t for _, lab in rows for t in lab[1:] if t != IGNORE_INDEX)
+
+    def test_the_packed_loss_and_gradients_are_the_padded_ones(self, tokenizer):
+        model = _fresh_model(tokenizer)
+        rows = [encode_example(tokenizer, e) for e in MIXED[:16]]
+        results = []
+        for inputs in (_padded(rows, tokenizer.pad_token_id), _pack(rows, tokenizer.pad_token_id)):
+            model.zero_grad()
+            loss = model(**inputs, use_cache=False).loss
+            loss.backward()
+            results.append((float(loss.detach()), [p.grad.clone() for p in model.parameters()]))
+        (padded, padded_grads), (packed, packed_grads) = results
+        assert packed == pytest.approx(padded, rel=1e-5)
+        assert max(float((a - b).abs().max()) for a, b in zip(padded_grads, packed_grads)) < 1e-5
+        assert _pack(rows, tokenizer.pad_token_id)["input_ids"].numel() < _padded(rows, 0)["input_ids"].numel()
+
+    def test_training_packed_matches_training_padded_and_computes_fewer_positions(self, tokenizer):
+        runs = {}
+        for pack in (False, True):
+            model = _fresh_model(tokenizer)
+            stats = train_causal_lm(model, tokenizer, MIXED, **self.SHORT, pack=pack)
+            runs[pack] = (_state(model), stats)
+        (padded_state, padded), (packed_state, packed) = runs[False], runs[True]
+        assert packed.packed and not padded.packed
+        assert packed.losses == pytest.approx(padded.losses, rel=1e-4)
+        assert packed.tokens == padded.tokens and packed.positions < padded.positions
+        assert packed.padding_share < padded.padding_share
+        assert max(float((packed_state[k] - padded_state[k]).abs().max()) for k in packed_state) < 1e-4
+
+    def test_a_model_that_ignores_packed_positions_trains_padded(self, tokenizer):
+        """A model whose forward drops the position ids would let packed examples attend to each
+        other: the first batch's loss check catches it, and training runs padded, as the plain run."""
+        import torch
+
+        class IgnoresPositions(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner, self.config = inner, inner.config
+
+            @property
+            def device(self):
+                return self.inner.device
+
+            def forward(self, position_ids=None, **kwargs):
+                return self.inner(**kwargs)
+
+        plain = _fresh_model(tokenizer)
+        expected = train_causal_lm(plain, tokenizer, MIXED, **self.SHORT, pack=False)
+        wrapped = IgnoresPositions(_fresh_model(tokenizer))
+        stats = train_causal_lm(wrapped, tokenizer, MIXED, **self.SHORT)
+        assert not stats.packed and stats.positions == expected.positions
+        assert stats.losses == expected.losses
 
 
 @pytest.mark.gpu
