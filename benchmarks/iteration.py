@@ -60,6 +60,7 @@ def main() -> None:
             iteration_flow(workspace=str(root))
         result = iteration_flow(workspace=str(root))
         report(result["timing"], warm, "small" if args.small else "default")
+        parts(root, result["timing"])
         monitors_share(root, result["timing"])
         print(f"benchmark pass@1: candidate {result['candidate_pass@1']:.3f} vs champion "
               f"{result['champion_pass@1']:.3f} ({'promoted' if result['promoted'] else 'held'})")
@@ -88,6 +89,33 @@ def report(timing: dict, warm_s: float, setting: str) -> None:
     print(f"  version (DVC push + exp save + MLflow log/register) {version:8.2f} s")
     print(f"  loop bookkeeping + flow    {rest:8.2f} s")
     print(f"share outside the stages' own work: {outside / total:.1%}  (ratio total/own = {total / own:.2f}x)")
+
+
+def parts(root: Path, timing: dict) -> None:
+    """Inside the stages: generation, verification and training throughput, training's budget and
+    padding share, the warm start's, and the evaluation's share of the iteration."""
+    from closedloop.io import read_json
+    from closedloop.stage_files import stage_result, timing_path
+
+    def figures(name: str) -> dict:
+        return {**stage_result(root, name), **read_json(root / timing_path(name))}
+
+    sample, reward, train, warm = (figures(n) for n in ("sample", "reward", "train", "warmstart"))
+    total = timing["total_seconds"]
+    print()
+    print(f"sample    {sample['samples']} samples, {sample['completion_tokens']:,} tokens at "
+          f"{sample['tokens_per_s']:,.0f} tokens/s ({sample['seconds']:.1f} s with the model load)")
+    rates = ", ".join(f"{key.split('/')[1]} {value:,.0f}" for key, value in sorted(reward.items())
+                      if key.startswith("verifications_per_s/"))
+    print(f"reward    verifications/s per environment: {rates}")
+    print(f"train     {train['steps']} steps ({train.get('budget', '?')}); examples {train['examples']}; "
+          f"{train['tokens']:,} real tokens at {train['tokens_per_s']:,.0f} tokens/s; padding "
+          f"{train.get('padding_share', float('nan')):.1%} of the positions computed (packed: {train.get('packed')})")
+    print(f"warmstart {warm['train_steps']} steps at {warm['train_tokens_per_s']:,.0f} tokens/s, padding "
+          f"{warm.get('train_padding_share', float('nan')):.1%}; benchmark pass@1 {warm['benchmark_pass@1']:.3f}")
+    evaluate = timing["task"].get("evaluate", 0.0)
+    print(f"evaluate  {evaluate:.1f} s, {evaluate / total:.1%} of the iteration (champion and candidate, "
+          "every benchmark task x evaluate.samples_per_task)")
 
 
 def monitors_share(root: Path, timing: dict) -> None:

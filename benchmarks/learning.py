@@ -6,7 +6,7 @@ a time through the Prefect flow, printing after each: the champion's benchmark p
 environment (the champion is the candidate when the gate promoted it), the candidate's, the batch's
 positives, fix pairs and replayed examples, GRPO's skipped groups, training tokens/s and wall time.
 Baseline: the warm start's pass@1 (the gain is read against it); an `sft` mode (the references
-alone, same steps) is the control that shows how much of the gain is the loop's data.
+alone, the same `train.epochs` over them) is the control that shows how much of the gain is the loop's data.
 
     python benchmarks/learning.py                          # rft and grpo, 5 iterations each
     python benchmarks/learning.py --modes grpo,rft,sft --iterations 5 --out docs/learning.json \
@@ -236,7 +236,9 @@ def main() -> None:
               f"({(best['champion']['overall'] - warm['overall']) * 100:+.1f} pp); final "
               f"{last['champion']['overall']:.3f} ({(last['champion']['overall'] - warm['overall']) * 100:+.1f} pp); "
               f"environments ending below the warm start: {', '.join(below) or 'none'}; "
-              f"training {tokens_per_s:.0f} tokens/s; {sum(row['wall_s'] for row in mine) / len(mine):.0f} s/iteration")
+              f"training {tokens_per_s:.0f} tokens/s; {sum(row['wall_s'] for row in mine) / len(mine):.0f} s/iteration; "
+              f"{(last['champion']['overall'] - warm['overall']) * 100 / (sum(row['wall_s'] for row in mine) / 60):+.2f} "
+              "pp per minute of iterations")
     if args.final_samples and rows:
         finals = {mode: Workspace.at(workdir / mode).champion for mode in sorted({row["mode"] for row in rows})}
         check = final_check(base, finals, args.final_samples)
