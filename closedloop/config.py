@@ -397,13 +397,13 @@ class TrainParams(_Section):
         description="sft: references only; rft: the batch's positives and fixes; grpo: group-relative policy optimisation on all k samples.",
     )
     steps: int | None = Field(
-        None, ge=0,
-        description="Optimiser steps in sft and rft modes, an explicit override; unset: `epochs` passes over the "
-                    "training mix, so the budget follows what is new (grpo: grpo.epochs).",
+        400, ge=0,
+        description="Optimiser steps in sft and rft modes; null: `epochs` passes over the training mix, so the "
+                    "budget follows what is new (grpo: grpo.epochs).",
     )
     epochs: float = Field(3.0, gt=0, description="Passes over the training mix when `steps` is unset.")
     reference_fraction: float | None = Field(
-        0.25, ge=0.0, lt=1.0,
+        None, ge=0.0, lt=1.0,
         description="rft: cap on the warm-start references' share of the training mix (a seeded subset of them "
                     "rides along with the batch's new examples, so the loop does not forget them); null: all of "
                     "them, whatever the batch holds.",
