@@ -110,10 +110,6 @@ class RayPool(Pooled):
             self.close()
             raise _unwrapped(error) from None
 
-    @property
-    def workers(self) -> int:
-        return len(self._actors)
-
     def map(self, shards: Sequence[dict]) -> list[Any]:
         from ray.exceptions import RayActorError, RayTaskError
         from ray.util import ActorPool

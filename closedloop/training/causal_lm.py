@@ -149,20 +149,19 @@ def train_causal_lm(
     loss_tokens = [sum(1 for label in labels[1:] if label != IGNORE_INDEX) for _, labels in encoded]
 
     # Whether packing is used: decided on the first batch in which examples share a row (None: not yet).
-    packing: dict[str, bool | None] = {"on": None if pack else False}
+    packing: bool | None = None if pack else False
     positions = 0
 
     def step_loss(indices: list[int], denominator: int | None) -> tuple[Any, int]:
-        nonlocal positions
+        nonlocal packing, positions
         rows = [encoded[i] for i in indices]
-        inputs = _padded(rows, pad_id)
-        if packing["on"] is not False:
-            packed = _pack(rows, pad_id)
-            if len(packed["input_ids"]) < len(rows):
-                if packing["on"] is None:
-                    packing["on"] = _packing_agrees(model, inputs, packed)
-                if packing["on"]:
-                    inputs = packed
+        inputs = _pack(rows, pad_id) if packing is not False else None
+        if inputs is not None and len(inputs["input_ids"]) == len(rows):
+            inputs = None  # nothing shares a row: padding is the same batch, and tells nothing about the model
+        if inputs is not None and packing is None:
+            packing = _packing_agrees(model, _padded(rows, pad_id), inputs)
+        if inputs is None or not packing:
+            inputs = _padded(rows, pad_id)
         inputs = {name: t.to(model.device) for name, t in inputs.items()}
         positions += inputs["input_ids"].numel()
         # The batch's own token mean, or (a micro-batch) its token sum over the whole batch's count.
@@ -186,7 +185,7 @@ def train_causal_lm(
         first_loss=losses[0],
         final_loss=losses[-1],
         losses=losses,
-        packed=bool(packing["on"]),
+        packed=bool(packing),
     )
 
 
