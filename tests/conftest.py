@@ -41,11 +41,15 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_api():
+def prefect_api() -> str:
+    """One real Prefect API server for the whole test run; yields its URL, which the CLI tests pass as
+    PREFECT_API_URL to `closedloop run` where they do not test Prefect's own ephemeral start (each
+    such start on a new workspace costs about 25 s of migrations on 2 cores)."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        yield PREFECT_API_URL.value()
 
 
 @pytest.fixture(scope="module")

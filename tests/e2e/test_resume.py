@@ -37,9 +37,13 @@ def make_workspace(tmp: Path) -> Path:
     return root
 
 
-def start_run(root: Path, *extra: str, fault: str | None = None) -> subprocess.Popen:
+def start_run(root: Path, *extra: str, fault: str | None = None, api_url: str | None = None) -> subprocess.Popen:
+    """`closedloop run -n 1` in its own process group: against the Prefect API at ``api_url`` (the test
+    run's server), or without one, as a user runs it, on the workspace's ephemeral API."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PREFECT_API_URL", None)
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
     env.pop("CLOSEDLOOP_FAULT", None)
     if fault:
         env["CLOSEDLOOP_FAULT"] = fault
@@ -82,17 +86,20 @@ def stores(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(prefect_api, tmp_path_factory):
     root = make_workspace(tmp_path_factory.mktemp("uninterrupted"))
-    code, out, err = finish(start_run(root))
+    code, out, err = finish(start_run(root, api_url=prefect_api))
     assert code == 0, err[-3000:]
     return root
 
 
-def test_a_run_killed_anywhere_is_finished_by_the_next_run(reference, tmp_path):
+def test_a_run_killed_anywhere_is_finished_by_the_next_run(reference, prefect_api, tmp_path):
     root = make_workspace(tmp_path)
     for point in KILL_POINTS:
-        code, out, err = finish(start_run(root, fault=point))
+        # The first kill also ends the workspace's own ephemeral Prefect server mid-run, and the run that
+        # finishes starts it again on that database; the kills between run on the test run's server.
+        api_url = None if point == KILL_POINTS[0] else prefect_api
+        code, out, err = finish(start_run(root, fault=point, api_url=api_url))
         assert code == -signal.SIGKILL, f"{point}: exited {code}, not killed\n{err[-3000:]}"
         progress = json.loads((root / ".closedloop/iteration.json").read_text())
         assert progress["iteration"] == 1 and progress["state"] == "running", (point, progress)
@@ -124,9 +131,9 @@ def wait_for_holder(root: Path, process: subprocess.Popen, timeout: float = 120)
     raise AssertionError("the first run never took the workspace lock")
 
 
-def test_a_second_run_is_refused_naming_the_holder_or_queues_with_wait(reference):
+def test_a_second_run_is_refused_naming_the_holder_or_queues_with_wait(reference, prefect_api):
     root = reference
-    first = start_run(root)
+    first = start_run(root, api_url=prefect_api)
     holder = wait_for_holder(root, first)
     started = time.monotonic()
     refused = subprocess.run([str(BIN / "closedloop"), "run", "-n", "1"], cwd=root, capture_output=True, text=True,
@@ -134,7 +141,7 @@ def test_a_second_run_is_refused_naming_the_holder_or_queues_with_wait(reference
     assert refused.returncode == 75, refused.stderr
     assert f"pid {holder['pid']}" in refused.stderr and "--wait" in refused.stderr
     assert time.monotonic() - started < 30  # refused at once, not after the first run
-    queued = start_run(root, "--wait")
+    queued = start_run(root, "--wait", api_url=prefect_api)
     code, _, err = finish(first)
     assert code == 0, err[-3000:]
     code, out, err = finish(queued)
@@ -149,19 +156,19 @@ def test_a_second_run_is_refused_naming_the_holder_or_queues_with_wait(reference
     assert not after["running_runs"]
 
 
-def test_a_deleted_benchmark_file_is_named_before_any_stage_and_the_run_resumes_once_restored(reference):
+def test_a_deleted_benchmark_file_is_named_before_any_stage_and_the_run_resumes_once_restored(reference, prefect_api):
     root = reference
     n = yaml.safe_load((root / "params.yaml").read_text())["loop"]["iteration"] + 1
     benchmark = root / "data/benchmark/tasks.jsonl"
     benchmark.unlink()
     started = time.monotonic()
-    code, out, err = finish(start_run(root))
+    code, out, err = finish(start_run(root, api_url=prefect_api))
     assert code == 1 and "data/benchmark/tasks.jsonl" in err and "pre-flight" in err, err[-3000:]
     assert time.monotonic() - started < 120  # before any stage, not after a whole iteration
     progress = json.loads((root / ".closedloop/iteration.json").read_text())
     assert progress["iteration"] == n and progress["stage"] == "preflight" and not progress["completed"]
     cli("dvc", "checkout", "data/benchmark/tasks.jsonl", cwd=root)
-    code, out, err = finish(start_run(root))
+    code, out, err = finish(start_run(root, api_url=prefect_api))
     assert code == 0 and f"resuming iteration {n}" in err and f"iteration {n} " in out, out + err[-3000:]
 
 

@@ -60,15 +60,13 @@ def _final_state(flow_run_id, timeout: float = 300):
 @pytest.fixture(scope="module")
 def served(prefect_api, tmp_path_factory):
     """A warm-started workspace and `closedloop serve` on it, started from an unrelated directory."""
-    from prefect.settings import PREFECT_API_URL
-
     tmp = tmp_path_factory.mktemp("served")
     root = make_workspace(tmp)
-    code, _, err = finish(start_run(root, "-n", "0"))  # the warm start only
+    code, _, err = finish(start_run(root, "-n", "0", api_url=prefect_api))  # the warm start only
     assert code == 0, err[-3000:]
     elsewhere = tmp / "elsewhere"  # not the repository, not the workspace: the entrypoint must not care
     elsewhere.mkdir()
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PREFECT_API_URL": PREFECT_API_URL.value(),
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PREFECT_API_URL": prefect_api,
            "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     serve = subprocess.Popen([str(BIN / "closedloop"), "serve", "--workspace", str(root)], cwd=elsewhere, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -116,7 +114,7 @@ def test_an_invalid_override_is_refused_naming_the_key_and_changes_nothing(serve
     assert _progress(root).get("iteration", 0) == 0  # no iteration began
 
 
-def test_a_partial_override_changes_that_key_only_and_a_cancelled_run_resumes(served):
+def test_a_partial_override_changes_that_key_only_and_a_cancelled_run_resumes(served, prefect_api):
     import mlflow
     import yaml
     from prefect.deployments import run_deployment
@@ -146,7 +144,7 @@ def test_a_partial_override_changes_that_key_only_and_a_cancelled_run_resumes(se
     assert cancelled.info.status == "KILLED" and cancelled.info.run_name == "iteration-001-cancelled"
     assert str(flow_run.id) in cancelled.data.tags["closedloop.error"]
 
-    code, out, err = finish(start_run(root))
+    code, out, err = finish(start_run(root, api_url=prefect_api))
     assert code == 0, err[-3000:]
     assert "resuming iteration 1 (it was cancelled" in out + err and "iteration 1 " in out
     assert "already done" in out + err  # generate and sample were not run again
