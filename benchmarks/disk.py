@@ -109,7 +109,7 @@ def version_like_the_loop(root: Path, make_model, log_weights: bool) -> dict:
     from closedloop.lineage import record, tracking
     from closedloop.lineage.dvc import DvcWorkspace
     from closedloop.models.loading import save_policy
-    from closedloop.stages.common import run_recorded
+    from closedloop.stages.recorded import run_recorded
     from closedloop.workspace import Workspace
 
     ws, dvc = Workspace.at(root), DvcWorkspace(root)

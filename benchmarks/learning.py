@@ -93,7 +93,8 @@ def final_check(base: Path, finals: dict[str, Path], samples: int) -> dict:
     """The warm start and each mode's final champion, evaluated again with ``samples`` per task."""
     from closedloop.config import load_params
     from closedloop.evaluation.runner import evaluate_policy
-    from closedloop.stages.common import EnvPools, load_tasks
+    from closedloop.envs.base import load_tasks
+    from closedloop.rewards.pools import EnvPools
     from closedloop.workspace import Workspace
 
     ws = Workspace.at(base)

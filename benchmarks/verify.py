@@ -70,7 +70,7 @@ def null_baseline(verifiers, name: str, n: int, params) -> dict:
 def measure(name: str, n: int, params) -> dict:
     import os
 
-    from closedloop.stages.common import EnvPools
+    from closedloop.rewards.pools import EnvPools
 
     with EnvPools(params) as verifiers:
         env = verifiers.env(name)

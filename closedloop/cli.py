@@ -311,7 +311,7 @@ def cmd_verify(args) -> int:
     from closedloop.envs import EnvironmentError_
     from closedloop.envs.humaneval import TaskFileError
     from closedloop.sandbox import SandboxUnavailable
-    from closedloop.stages.common import EnvPools
+    from closedloop.rewards.pools import EnvPools
     from closedloop.verify import infra_failure, load_samples, load_tasks, print_summary, verify_files
 
     try:

@@ -80,11 +80,6 @@ class SandboxParams(_Section):
         "bwrap: refuse to run without bubblewrap; fork: no namespaces.",
     )
 
-    def limits(self):  # -> closedloop.sandbox.records.Limits (a pure module)
-        from closedloop.sandbox.records import Limits
-
-        return Limits(**self.model_dump(exclude={"isolation"}))
-
 
 class SliceSizes(_Section):
     """Tasks per benchmark slice of one environment."""

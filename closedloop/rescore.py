@@ -188,7 +188,7 @@ def source_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[s
 def rescore(root: Path | str, params: Any, experiments: list[str], env: str | None = None) -> list[dict]:
     """A diff report per experiment, in order, each batch scored with ``params``' sources (one set of
     sandbox pools for all). Every batch is read before the first is scored, so a bad name fails at once."""
-    from closedloop.stages.common import EnvPools
+    from closedloop.rewards.pools import EnvPools
 
     batches = [read_stored_batch(root, name) for name in experiments]
     with EnvPools(params) as verifiers:

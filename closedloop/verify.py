@@ -52,7 +52,7 @@ def load_samples(path: Path, tasks: dict[str, Task]) -> list[tuple[str, str]]:
 def verify_files(tasks_path: Path, samples_path: Path, out_path: Path, verifiers: Any) -> dict[str, Any]:
     """Score every sample with its task's environment; write RESULTS.jsonl (input order); return the summary.
 
-    ``verifiers`` is a closedloop.stages.common.EnvPools: it builds each environment from params and
+    ``verifiers`` is a closedloop.rewards.pools.EnvPools: it builds each environment from params and
     starts a sandbox pool only for environments that run code.
     """
     from closedloop.envs import reward_weights

@@ -8,7 +8,7 @@ from prefect.cache_policies import NO_CACHE
 
 from closedloop.config import Params
 from closedloop.pipeline import STAGES
-from closedloop.stages.common import run_recorded
+from closedloop.stages.recorded import run_recorded
 
 
 def _stage_task(name: str, retries: int = 0) -> Task:

@@ -13,7 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
+
+from closedloop.io import read_jsonl
 
 SPLITS = ("train", "benchmark")
 SLICES = ("core", "edge", "failure_modes")  # benchmark slices; train tasks carry the slice of their family
@@ -45,6 +48,12 @@ class Task:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Task":
         return cls(**record)
+
+
+def load_tasks(path: Path) -> list[Task]:
+    """The tasks of a tasks file the generate or benchmark stage wrote (one Task record per line)."""
+    fields = list(Task.__dataclass_fields__)
+    return [Task.from_record({k: r[k] for k in fields}) for r in read_jsonl(path, required=fields)]
 
 
 @dataclass(frozen=True)

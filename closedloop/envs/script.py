@@ -31,7 +31,7 @@ from closedloop.envs.base import (BaseEnvironment, SLICES, Task, Verdict, check_
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.taskfile import file_tree_problems
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
-from closedloop.sandbox.records import ExecResult, Job
+from closedloop.sandbox.records import ExecResult, Job, Limits
 
 if TYPE_CHECKING:
     from closedloop.config import ScriptEnvParams
@@ -184,7 +184,7 @@ class ScriptEnv(BaseEnvironment):
         """One script job per non-blank completion whose script could be read (program = prompt +
         completion, or prompt + a chat reply's ```python block); never raises on bad output."""
         self.check_batch(tasks, completions)
-        limits = self.params.sandbox.limits()  # exec allowed, whatever limits the pool was built with
+        limits = Limits.of(self.params.sandbox)  # exec allowed, whatever limits the pool was built with
         read = [extract_program(c, t.prompt) for t, c in zip(tasks, completions)]
         verdicts: list[Verdict | None] = [
             _not_extracted(t, r) if r.failed else _blank(t) if not c.strip() else None

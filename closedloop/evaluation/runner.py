@@ -53,7 +53,7 @@ def evaluate_policy(
 
 def verify_grouped(tasks: list[Task], generations, verifiers: Any) -> dict[str, int]:
     """Count passing samples per task, verifying each environment's samples in one batch
-    (``verifiers``: a closedloop.stages.common.EnvPools, or anything with its verify_batch)."""
+    (``verifiers``: a closedloop.rewards.pools.EnvPools, or anything with its verify_batch)."""
     by_env: dict[str, list[tuple[Task, str]]] = defaultdict(list)
     for task, samples in zip(tasks, generations):
         for sample in samples:

@@ -21,12 +21,12 @@ def sandbox_pool(params: Params, env: str = "code", workers: int | None = None):
     """A sandbox pool with environment ``env``'s limits and isolation (its section's ``sandbox``) and
     the modules its jobs use preloaded in every worker; ``workers`` (default ``reward.workers``) processes."""
     from closedloop.envs import environment_class
-    from closedloop.sandbox import SandboxPool
+    from closedloop.sandbox import Limits, SandboxPool
     from closedloop.sandbox.pool import DEFAULT_PRELOAD
 
     settings = params.envs.section(env).sandbox
     preload = DEFAULT_PRELOAD + tuple(getattr(environment_class(env, params), "sandbox_preload", ()))
-    return SandboxPool(workers=params.reward.workers if workers is None else workers, limits=settings.limits(), isolation=settings.isolation,
+    return SandboxPool(workers=params.reward.workers if workers is None else workers, limits=Limits.of(settings), isolation=settings.isolation,
                        preload=preload)
 
 

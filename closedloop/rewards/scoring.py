@@ -19,7 +19,7 @@ def score_batch(params: Params, tasks: Mapping[str, dict], samples: Sequence[dic
     """Every sample's reward row (rewards.jsonl order: the samples' order) and each source's feedback.
 
     ``tasks`` is ``{task_id: task record}`` holding every sample's task; ``verifiers`` an open
-    closedloop.stages.common.EnvPools (the caller owns its pools); ``labels_path`` the human labels
+    closedloop.rewards.pools.EnvPools (the caller owns its pools); ``labels_path`` the human labels
     file as the batch should see it. ``combiner_version`` is ``feedback_sources(params)["combiner"]``,
     computed here when the caller has not already. Raises LabelsError or FeedbackSourceError (their
     messages name the file, line or source) before any row exists.

@@ -12,7 +12,7 @@ from closedloop.rewards.feedback import Feedback, Scores
 class VerifierSource:
     """Environment ``env_name``'s verifier over the samples of that environment.
 
-    ``verifiers`` is what starts and holds the sandbox pools (closedloop.stages.common.EnvPools, or
+    ``verifiers`` is what starts and holds the sandbox pools (closedloop.rewards.pools.EnvPools, or
     anything with ``env(name)`` and ``verify_batch(name, tasks, completions)``); this source only asks
     it for verdicts, so the pools stay in the stage that owns them.
     """

@@ -49,6 +49,12 @@ class Limits:
         if self.processes < 1 or self.open_files < 8:
             raise ValueError(f"Limits.processes ({self.processes}) must be >= 1, open_files ({self.open_files}) >= 8")
 
+    @classmethod
+    def of(cls, settings: Any) -> "Limits":
+        """The limits a params ``sandbox`` section (config.SandboxParams) sets; its ``isolation`` is the
+        pool's, not a job's. Here, not in config.py: config is code of every stage, the sandbox is not."""
+        return cls(**settings.model_dump(exclude={"isolation"}))
+
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 

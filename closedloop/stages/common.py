@@ -1,4 +1,9 @@
-"""What every stage shares: the registry, the timer, and the metrics file each stage writes."""
+"""What every stage shares: the registry, the timer, and the metrics file each stage writes.
+
+Everything imported here is code of every stage in dvc.yaml (pipeline.stage_code), so only what every
+stage runs belongs here: the sandbox pools live in rewards/pools.py, the model's prompt settings in
+stages/prompting.py, reading a tasks file in envs/base.py and recording a stage in DVC in
+stages/recorded.py, each imported by the stages (or callers) that use it."""
 
 from __future__ import annotations
 
@@ -11,7 +16,6 @@ from typing import Any, Callable
 from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
 from closedloop.io import say, write_json
-from closedloop.rewards.pools import EnvPools, SandboxSetupError, sandbox_pool  # noqa: F401  (re-exported: stages and tools take them from here)
 from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, split_rates, timing_path
 from closedloop.workspace import Workspace
 
@@ -83,51 +87,3 @@ def share_out(total: int, shares: dict[str, float]) -> dict[str, int]:
 def env_mix(params: Params, total: int) -> dict[str, int]:
     """How many of ``total`` tasks (or references) each active environment gets, by its share."""
     return share_out(total, {name: params.envs.section(name).share for name in params.envs.active()})
-
-
-def check_sampling_settings(model_dir: Path, params: Params) -> list[str]:
-    """The requested sampling settings and prompt format against those the model's rollouts used
-    (see models/settings.py)."""
-    from closedloop.models.prompts import PromptFormatError
-    from closedloop.models.settings import SettingsMismatch, check_settings, prompt_record_of
-
-    try:
-        prompt = prompt_record_of(model_dir, params)
-        found = check_settings(model_dir, params.sample, params.sample.settings_mismatch, prompt)
-    except (SettingsMismatch, PromptFormatError) as error:
-        raise StageError(str(error)) from None
-    for line in found:
-        say(f"closedloop: warning: {model_dir}: {line}")
-    return found
-
-
-def prompt_format_of(params: Params, tokenizer: Any):
-    """The PromptFormat sampling, training and evaluation all use for this model (models/prompts.py)."""
-    from closedloop.models.prompts import PromptFormatError, prompt_format
-
-    try:
-        return prompt_format(params.sample, params.model, tokenizer)
-    except PromptFormatError as error:
-        raise StageError(str(error)) from None
-
-
-def load_tasks(path: Path):
-    from closedloop.envs.base import Task
-    from closedloop.io import read_jsonl
-
-    fields = list(Task.__dataclass_fields__)
-    return [Task.from_record({k: r[k] for k in fields}) for r in read_jsonl(path, required=fields)]
-
-
-def run_recorded(name: str, workspace: Path | str, params: Params, progress: bool = False) -> dict[str, Any]:
-    """Run a stage in-process, then record it in dvc.lock exactly as `dvc repro` would have.
-
-    This is what the Prefect tasks call: the stage function is the one `closedloop stage NAME` runs,
-    so an iteration from the Prefect UI leaves `dvc status` clean and `dvc repro` with nothing to do.
-    """
-    from closedloop.lineage.dvc import DvcWorkspace
-
-    started = time.perf_counter()
-    metrics = run_stage(name, workspace, params, progress)
-    DvcWorkspace(Path(workspace)).commit(name)
-    return {**metrics, "recorded_seconds": round(time.perf_counter() - started, 3)}

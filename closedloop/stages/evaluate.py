@@ -7,7 +7,9 @@ from closedloop.io import write_json
 from closedloop.sampling.base import SamplingError
 from closedloop.execution.factory import open_executor
 from closedloop.rewards.verification import ShardedVerifiers
-from closedloop.stages.common import StageContext, StageError, check_sampling_settings, load_tasks
+from closedloop.envs.base import load_tasks
+from closedloop.stages.common import StageContext, StageError
+from closedloop.stages.prompting import check_sampling_settings
 
 
 def run(ctx: StageContext) -> dict:

@@ -20,7 +20,8 @@ from closedloop.rewards.human import LabelsError
 from closedloop.rewards.scoring import score_batch
 from closedloop.rewards.sources import feedback_sources, verifier_version
 from closedloop.rewards.verification import ShardedVerifiers
-from closedloop.stages.common import StageContext, StageError, load_tasks
+from closedloop.envs.base import load_tasks
+from closedloop.stages.common import StageContext, StageError
 
 
 def run(ctx: StageContext) -> dict:

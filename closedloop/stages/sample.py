@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import Counter
 
 from closedloop.io import write_jsonl
-from closedloop.stages.common import StageContext, StageError, check_sampling_settings, load_tasks
+from closedloop.envs.base import load_tasks
+from closedloop.stages.common import StageContext, StageError
+from closedloop.stages.prompting import check_sampling_settings
 
 
 def run(ctx: StageContext) -> dict:

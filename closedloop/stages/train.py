@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from closedloop.io import read_json, read_jsonl
-from closedloop.stages.common import StageContext, StageError, prompt_format_of
+from closedloop.envs.base import load_tasks
+from closedloop.stages.common import StageContext, StageError
+from closedloop.stages.prompting import prompt_format_of
 
 TRAINING_FILE = "closedloop_training.json"
 
@@ -259,7 +261,6 @@ def select_replay(current: list[dict], batches: dict[str, list[dict]],
 
 def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
     from closedloop.rewards.shaping import shaped_reward
-    from closedloop.stages.common import load_tasks
     from closedloop.training.grpo import Rollout, train_grpo
 
     params = ctx.params.train

@@ -19,7 +19,10 @@ from pathlib import Path
 from closedloop.envs import get_env
 from closedloop.io import write_json, write_jsonl
 from closedloop.envs.taskfile import tasks_for
-from closedloop.stages.common import EnvPools, StageContext, env_mix, load_tasks, prompt_format_of
+from closedloop.envs.base import load_tasks
+from closedloop.rewards.pools import EnvPools
+from closedloop.stages.common import StageContext, env_mix
+from closedloop.stages.prompting import prompt_format_of
 
 BUILTIN_PREFIX = "builtin:"
 

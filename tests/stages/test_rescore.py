@@ -100,7 +100,7 @@ def saved(tmp_path_factory):
     from closedloop.pipeline import STAGE_NAMES
     from closedloop.rewards.human import completion_sha256
     from closedloop.scaffold import init_workspace
-    from closedloop.stages.common import run_recorded
+    from closedloop.stages.recorded import run_recorded
     from closedloop.workspace import Workspace
 
     base = tmp_path_factory.mktemp("rescore")

@@ -9,7 +9,8 @@ import pytest
 from closedloop.cli import main
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.review import labels
-from closedloop.stages.common import load_tasks, run_stage
+from closedloop.envs.base import load_tasks
+from closedloop.stages.common import run_stage
 from closedloop.workspace import Workspace
 from tests.conftest import tiny_params
 

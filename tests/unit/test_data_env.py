@@ -11,7 +11,7 @@ from closedloop.envs import environment_class
 from closedloop.envs.base import SLICES, Environment, in_benchmark
 from closedloop.envs.data import STEPS, DataEnv, compare_tables, operation_key, unchanged_baseline, values_credit
 from closedloop.envs.data_tasks import FAMILIES
-from closedloop.sandbox import Job, SandboxPool
+from closedloop.sandbox import Job, Limits, SandboxPool
 from closedloop.sandbox.pool import DEFAULT_PRELOAD
 
 STOP_STRINGS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(")
@@ -25,7 +25,7 @@ def env() -> DataEnv:
 
 @pytest.fixture(scope="module")
 def pool():
-    with SandboxPool(workers=2, limits=PARAMS.sandbox.limits(), isolation="auto",
+    with SandboxPool(workers=2, limits=Limits.of(PARAMS.sandbox), isolation="auto",
                      preload=DEFAULT_PRELOAD + DataEnv.sandbox_preload) as pool:
         # Say plainly when the jail cannot use pandas, rather than failing every verdict below. A pivot
         # imports modules pandas loads lazily, so the job's uid must be able to read site-packages too.
@@ -287,7 +287,7 @@ def test_infra_error_is_not_judged(env, tasks):
     from closedloop.envs.data import judge
     from closedloop.sandbox.records import infra_error
 
-    verdict = judge(tasks[0], infra_error("worker died", "fork"), PARAMS.sandbox.limits())
+    verdict = judge(tasks[0], infra_error("worker died", "fork"), Limits.of(PARAMS.sandbox))
     assert verdict.status == "infra_error" and verdict.components == {name: None for name in env.components}
     assert verdict.failed_step is None and not verdict.passed
 

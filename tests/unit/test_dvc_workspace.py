@@ -105,6 +105,7 @@ def corrupt(path: Path) -> None:
         file.write(b'{"\\x": garbage')
 
 
+@pytest.mark.slow  # every DvcWorkspace method, experiments included, twice: about 90 s on 2 cores
 class TestNoChdir:
     @pytest.mark.parametrize("cwd_kind", [
         "plain",  # a directory that is no repository
@@ -279,6 +280,7 @@ def kill_save_when(root: Path, when: str, name: str = "iter-002-fedcba98", tries
     pytest.skip(f"could not kill a save at {when!r} in {tries} tries (the machine ran it past that step)")
 
 
+@pytest.mark.slow  # real `dvc exp save` runs killed at each step: about 90 s on 2 cores
 class TestCleanAfterAKilledSave:
     @pytest.mark.parametrize("when", list(WHEN))
     def test_a_real_killed_save_is_undone(self, ws, when) -> None:

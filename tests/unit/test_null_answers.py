@@ -2,7 +2,7 @@
 every benchmark task it applies to, while the task's reference scores 1.0 and passes.
 
 The null answers are closedloop/envs/null_answers.py's table (benchmarks/verify.py reports their
-mean as null_baseline). Real verifiers, each environment's real sandbox pool (stages.common.EnvPools),
+mean as null_baseline). Real verifiers, each environment's real sandbox pool (rewards.pools.EnvPools),
 benchmark tasks of every slice generated as the benchmark stage does; one batch per environment.
 """
 
@@ -15,7 +15,7 @@ from closedloop.envs import reward_weights
 from closedloop.envs.base import SLICES
 from closedloop.envs.null_answers import ENVIRONMENTS, null_table
 from closedloop.rewards.combine import combine
-from closedloop.stages.common import EnvPools
+from closedloop.rewards.pools import EnvPools
 
 PER_SLICE = 4  # 12 benchmark tasks per environment: ~1 minute for all five on two shared cores
 MAX_NULL_REWARD = 0.1

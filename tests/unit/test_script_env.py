@@ -17,7 +17,7 @@ from closedloop.envs import get_env
 from closedloop.envs.base import SLICES, Environment, Task, in_benchmark
 from closedloop.envs.script import COMPONENTS, MAX_FILES, MAX_PROMPT_CHARS, MAX_REFERENCE_CHARS, ScriptEnv, compare_trees, task_key
 from closedloop.envs.script_tasks import FAMILIES, expected_tree
-from closedloop.sandbox import ExecResult, Job, SandboxPool
+from closedloop.sandbox import ExecResult, Job, Limits, SandboxPool
 from closedloop.sandbox.child import SPECIAL_MARKER
 from closedloop.sandbox.pool import DEFAULT_PRELOAD
 from closedloop.sandbox.records import infra_error
@@ -33,7 +33,7 @@ def env() -> ScriptEnv:
 
 @pytest.fixture(scope="module")
 def pool():
-    with SandboxPool(workers=2, limits=PARAMS.sandbox.limits(), isolation="auto",
+    with SandboxPool(workers=2, limits=Limits.of(PARAMS.sandbox), isolation="auto",
                      preload=DEFAULT_PRELOAD + ScriptEnv.sandbox_preload) as shared:
         yield shared
 
@@ -142,7 +142,7 @@ class TestReferences:
     def test_references_pass_without_bubblewrap_too(self, env, tasks):
         # isolation fork: the job's uid cannot traverse the pool's 0700 scratch directory, so the tree
         # must be read through the job directory itself ("unexpected file ." before).
-        with SandboxPool(workers=1, limits=PARAMS.sandbox.limits(), isolation="fork",
+        with SandboxPool(workers=1, limits=Limits.of(PARAMS.sandbox), isolation="fork",
                          preload=DEFAULT_PRELOAD + ScriptEnv.sandbox_preload) as forked:
             verdicts = env.verify_batch(tasks[:6], [t.reference for t in tasks[:6]], forked)
         assert [(v.passed, v.feedback) for v in verdicts] == [(True, v.feedback) for v in verdicts]

@@ -138,7 +138,7 @@ class TestOneCopy:
     def test_versions_share_inodes_with_the_cache_and_stay_intact(self, workspace) -> None:
         from closedloop.lineage.record import close_loop
         from closedloop.config import load_params
-        from closedloop.stages.common import run_recorded
+        from closedloop.stages.recorded import run_recorded
 
         if not hardlinks_work(workspace):
             pytest.skip("no hard links on this file system")
