@@ -20,6 +20,23 @@ def _registry(root: Path):
     return mlflow.MlflowClient(), params.tracking.registered_model
 
 
+def _published(root, key: str) -> list:
+    """The Prefect artifacts under ``key`` that this workspace's flow runs published. The test run's
+    server is shared (tests/conftest.py), and other tests' workspaces publish the same keys."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            runs = {run_id: await client.read_flow_run(run_id) for run_id in {a.flow_run_id for a in found}}
+        return [a for a in found if runs[a.flow_run_id].parameters.get("workspace") == str(root)]
+
+    return asyncio.run(read())
+
+
 ITERATION_1_TRAIN_SET = "iteration-1-train_set.jsonl"
 
 
@@ -130,22 +147,11 @@ def test_mlflow_run_has_metrics_datasets_and_plot(looped):
 
 
 def test_gate_report_artifact_published(looped):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    import asyncio
-
     from closedloop.io import read_json
     from closedloop.workspace import Workspace
 
     root, result = looped
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["gate-iteration-1"])))
-
-    artifacts = asyncio.run(read())
+    artifacts = _published(root, "gate-iteration-1")
     assert artifacts and artifacts[0].type == "markdown"
     text, summary = artifacts[0].data, result["iterations"][0]
     assert artifacts[0].description == summary["decision"] and summary["decision"] in text
@@ -285,22 +291,11 @@ def test_a_resumed_iteration_keeps_the_champion_it_began_with(looped, tmp_path):
 def test_monitors_artifact_published(looped):
     """The monitors' table of iteration 1 as a Markdown artifact beside the gate's, and their values in
     the iteration's MLflow run at step 1."""
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
     from closedloop.io import read_json
     from closedloop.workspace import Workspace
 
     root, result = looped
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["monitors-iteration-1"])))
-
-    artifacts = asyncio.run(read())
+    artifacts = _published(root, "monitors-iteration-1")
     assert artifacts and artifacts[0].type == "markdown"
     report = read_json(Workspace.at(root).monitors_report)
     assert report["iteration"] == 1 and "| monitor | verdict | value |" in artifacts[0].data
