@@ -8,14 +8,13 @@ stages/recorded.py, each imported by the stages (or callers) that use it."""
 from __future__ import annotations
 
 import importlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
-from closedloop.io import say, write_json
+from closedloop.io import write_json
 from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, split_rates, timing_path
 from closedloop.workspace import Workspace
 

@@ -23,8 +23,8 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 
-from closedloop.io import read_json, read_jsonl
 from closedloop.envs.base import load_tasks
+from closedloop.io import read_json, read_jsonl
 from closedloop.stages.common import StageContext, StageError
 from closedloop.stages.prompting import prompt_format_of
 
