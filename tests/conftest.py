@@ -52,6 +52,38 @@ def prefect_api() -> str:
         yield PREFECT_API_URL.value()
 
 
+@pytest.fixture(scope="session")
+def warm_template(prefect_api, tmp_path_factory) -> tuple[Path, dict]:
+    """One warm start for the whole test run: a real `init_workspace` and the closed-loop flow with 0
+    iterations (benchmark, warm start, its DVC records, MLflow run and registry version 1) on the tiny
+    params, against the test run's Prefect API. Yields its root and the flow's result. Tests take copies
+    (`warm_copy`); nothing may change the template itself."""
+    import yaml
+
+    from closedloop.scaffold import init_workspace
+    from flows.loop import closed_loop
+
+    root = tmp_path_factory.mktemp("warm-template") / "ws"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(TINY, sort_keys=False))
+    init_workspace(root)
+    return root, closed_loop(iterations=0, workspace=str(root))
+
+
+@pytest.fixture(scope="session")
+def warm_copy(warm_template):
+    """``warm_copy(dest, overrides=None)``: a copy of the warm-started template at ``dest`` with its
+    absolute paths rebased and ``overrides`` ({section: {key: value}}) laid over its params.yaml
+    (tests/warm.py). Overrides must leave the benchmark and warm-start stages' params alone: the copy's
+    warm start is the template's. Saves a warm start (about 30-60 s on 2 cores) per workspace."""
+    from tests.warm import copy_warm_workspace
+
+    def make(dest: Path, overrides: dict | None = None) -> Path:
+        return copy_warm_workspace(warm_template[0], dest, overrides)
+
+    return make
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread: on a shared 2-core machine, two threads that wait on each other made tiny

@@ -21,20 +21,10 @@ KILL_POINTS = ("stage:sample", "stage:reward", "train:checkpoint", "stage:evalua
                "version:mlflow-log", "version:register")
 
 
-def params_text() -> str:
-    from tests.conftest import TINY
-
-    data = json.loads(json.dumps(TINY))
-    data["train"] = {**data["train"], "checkpoint_every": 1}  # a checkpoint after step 1 of 2: a kill mid-training
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-def make_workspace(tmp: Path) -> Path:
-    root = tmp / "ws"
-    root.mkdir(parents=True)
-    (root / "params.yaml").write_text(params_text())
-    cli("closedloop", "init", str(root), cwd=root)
-    return root
+def make_workspace(tmp: Path, warm_copy) -> Path:
+    """A copy of the warm-started template (tests/conftest.py) that checkpoints after step 1 of 2: a kill
+    mid-training. Every kill point is past the warm start (the reference starts from the same copy)."""
+    return warm_copy(tmp / "ws", {"train": {"checkpoint_every": 1}})
 
 
 def start_run(root: Path, *extra: str, fault: str | None = None, api_url: str | None = None) -> subprocess.Popen:
@@ -86,15 +76,15 @@ def stores(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(prefect_api, tmp_path_factory):
-    root = make_workspace(tmp_path_factory.mktemp("uninterrupted"))
+def reference(prefect_api, warm_copy, tmp_path_factory):
+    root = make_workspace(tmp_path_factory.mktemp("uninterrupted"), warm_copy)
     code, out, err = finish(start_run(root, api_url=prefect_api))
     assert code == 0, err[-3000:]
     return root
 
 
-def test_a_run_killed_anywhere_is_finished_by_the_next_run(reference, prefect_api, tmp_path):
-    root = make_workspace(tmp_path)
+def test_a_run_killed_anywhere_is_finished_by_the_next_run(reference, prefect_api, warm_copy, tmp_path):
+    root = make_workspace(tmp_path, warm_copy)
     for point in KILL_POINTS:
         # The first kill also ends the workspace's own ephemeral Prefect server mid-run, and the run that
         # finishes starts it again on that database; the kills between run on the test run's server.

@@ -58,12 +58,11 @@ def _final_state(flow_run_id, timeout: float = 300):
 
 
 @pytest.fixture(scope="module")
-def served(prefect_api, tmp_path_factory):
-    """A warm-started workspace and `closedloop serve` on it, started from an unrelated directory."""
+def served(prefect_api, warm_copy, tmp_path_factory):
+    """A warm-started workspace (a copy of the template) and `closedloop serve` on it, started from an
+    unrelated directory."""
     tmp = tmp_path_factory.mktemp("served")
-    root = make_workspace(tmp)
-    code, _, err = finish(start_run(root, "-n", "0", api_url=prefect_api))  # the warm start only
-    assert code == 0, err[-3000:]
+    root = make_workspace(tmp, warm_copy)
     elsewhere = tmp / "elsewhere"  # not the repository, not the workspace: the entrypoint must not care
     elsewhere.mkdir()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PREFECT_API_URL": prefect_api,

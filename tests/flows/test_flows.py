@@ -41,30 +41,25 @@ ITERATION_1_TRAIN_SET = "iteration-1-train_set.jsonl"
 
 
 @pytest.fixture(scope="module")
-def looped(prefect_api, tmp_path_factory):
-    """A workspace after the warm start and one iteration, run by the loop flow."""
+def looped(warm_copy, tmp_path_factory):
+    """A copy of the warm-started template (tests/conftest.py) after one iteration run by the loop flow."""
     import shutil
 
-    import yaml
-
-    from closedloop.scaffold import init_workspace
     from closedloop.workspace import TRAIN_SET
     from flows.loop import closed_loop
-    from tests.conftest import TINY
 
-    root = tmp_path_factory.mktemp("flow") / "ws"
-    root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(TINY))
-    init_workspace(root)
+    root = warm_copy(tmp_path_factory.mktemp("flow") / "ws")
     result = closed_loop(iterations=1, workspace=str(root))
     # What iteration 1 trained on, kept aside: a later test runs another (failing) iteration in root.
     shutil.copy(root / TRAIN_SET, root.parent / ITERATION_1_TRAIN_SET)
     return root, result
 
 
-def test_loop_result_names_the_iteration(looped):
+def test_loop_result_names_the_iteration(looped, warm_template):
     root, result = looped
-    assert result["warm_start"]["model_version"] == "1"
+    # The loop flow warm-started the template; on a workspace with a champion it does not again.
+    assert warm_template[1]["warm_start"]["model_version"] == "1" and not warm_template[1]["iterations"]
+    assert result["warm_start"] is None
     (it,) = result["iterations"]
     assert it["iteration"] == 1 and it["model_version"] == "2"
     assert load_params(root).loop.iteration == 1

@@ -12,19 +12,11 @@ from closedloop.io import read_json
 
 
 @pytest.fixture(scope="module")
-def untrained(prefect_api, tmp_path_factory):
-    """Warm start, then one grpo iteration with k = 1: a group of one sample has no spread."""
-    import yaml
-
-    from closedloop.scaffold import init_workspace
+def untrained(warm_copy, tmp_path_factory):
+    """Warm start (the template's), then one grpo iteration with k = 1: a group of one sample has no spread."""
     from flows.loop import closed_loop
-    from tests.conftest import TINY
 
-    root = tmp_path_factory.mktemp("untrained") / "ws"
-    root.mkdir()
-    params = {**TINY, "sample": {**TINY["sample"], "k": 1}, "train": {**TINY["train"], "mode": "grpo"}}
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    init_workspace(root)
+    root = warm_copy(tmp_path_factory.mktemp("untrained") / "ws", {"sample": {"k": 1}, "train": {"mode": "grpo"}})
     return root, closed_loop(iterations=1, workspace=str(root))
 
 
