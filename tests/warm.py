@@ -4,11 +4,11 @@ The copy is the template's bytes under another path: git, DVC (cache, remote and
 the cache and the workspace, which `cp -a` keeps), MLflow's SQLite store and artifacts, the loop's
 progress record. What names the template's absolute path is rebased onto the copy's: every text value
 in mlflow.db (artifact locations, run tags, params), the text files of MLflow's artifacts (MLmodel,
-reference.json, reports) and DVC's record of its last experiment run; DVC's packed arguments of that run
-(a pickle, rewritten by every `dvc exp save`) are dropped. What DVC tracks is left byte for byte (the GX report names its
-data docs by path; rewriting it would change its hash). A copy that still names the template anywhere
-else fails at once, so a new absolute path the loop starts writing cannot leak between tests. No pytest
-here."""
+reference.json, reports) and DVC's record of its last experiment run; DVC's packed arguments of that
+run (a pickle, rewritten by every `dvc exp save`) are dropped. What DVC tracks is left byte for byte
+(the GX report names its data docs by path; rewriting it would change its hash). A copy that still
+names the template anywhere else fails at once, so a new absolute path the loop starts writing cannot
+leak between tests. No pytest here."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def copy_warm_workspace(template: Path, dest: Path, overrides: dict | None = Non
     absolute paths, and lay ``overrides`` ({section: {key: value}}) over its params.yaml, as a user
     editing params.yaml after the warm start would. Returns ``dest``."""
     template, dest = Path(template).resolve(), Path(dest).resolve()
+    if overrides:
+        _refuse_warm_start_params(template, overrides)  # before anything is copied
     dest.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-a", str(template), str(dest)], check=True)
     old, new = str(template), str(dest)
@@ -39,7 +41,6 @@ def copy_warm_workspace(template: Path, dest: Path, overrides: dict | None = Non
     dest.joinpath(".dvc", "tmp", "repro.dat").unlink(missing_ok=True)
     _assert_no_trace(dest, old)
     if overrides:
-        _refuse_warm_start_params(dest, overrides)
         params_path = dest / "params.yaml"
         params = yaml.safe_load(params_path.read_text())
         for section, values in copy.deepcopy(overrides).items():
