@@ -155,15 +155,19 @@ def remove_stale_git_locks(root: Path, since: float | None) -> list[str]:
     with "File exists" until they go). With a record of the killed save, those made since it started
     go; without one, only those in DVC's own refs/exps/, and only once a minute old."""
     gitdir = Path(git(root, "rev-parse", "--absolute-git-dir").strip())
-    locks = [gitdir / name for name in ("index.lock", "HEAD.lock", "packed-refs.lock", "refs/stash.lock")]
+    # A ref's reflog has a lock of its own (`git stash drop` rewrites logs/refs/stash under
+    # logs/refs/stash.lock): a save killed while scmrepo pushed or dropped its stash entry leaves it.
+    locks = [gitdir / name for name in ("index.lock", "HEAD.lock", "packed-refs.lock", "refs/stash.lock",
+                                        "logs/HEAD.lock", "logs/refs/stash.lock")]
     locks += sorted((gitdir / "refs" / "exps").rglob("*.lock"))
+    locks += sorted((gitdir / "logs" / "refs" / "exps").rglob("*.lock"))
     done = []
     for lock in locks:
         try:
             age = time.time() - lock.stat().st_mtime
         except FileNotFoundError:
             continue
-        dvcs = lock.is_relative_to(gitdir / "refs" / "exps")
+        dvcs = lock.is_relative_to(gitdir / "refs" / "exps") or lock.is_relative_to(gitdir / "logs" / "refs" / "exps")
         if (since is not None and lock.stat().st_mtime >= since - 1.0) or (since is None and dvcs and age > 60):
             lock.unlink(missing_ok=True)
             done.append(f"removed {lock.relative_to(gitdir.parent) if gitdir.parent in lock.parents else lock} "

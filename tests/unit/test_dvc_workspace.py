@@ -418,3 +418,23 @@ class TestCleanAfterAKilledSave:
             "reset .dvc/tmp/exps/rwlock: a process killed while writing it left it unreadable (0 bytes), "
             "and DVC refuses the commands it guards until then"]
         DvcWorkspace(ws).exp_save("iter-002-fedcba98")
+
+    def test_a_reflog_lock_the_killed_save_left_goes_with_its_stash_entry(self, ws) -> None:
+        """Killed while scmrepo rewrote `git stash`'s reflog, a save leaves .git/logs/refs/stash.lock
+        (seen on CI): `git stash drop` then fails "File exists" until it goes."""
+        from closedloop.lineage.gitstate import record_git_state
+
+        (ws / "params.yaml").write_text((ws / "params.yaml").read_text() + "# the next iteration\n")
+        changed = (ws / "params.yaml").read_text()
+        record = {**record_git_state(ws, []), "started": time.time() - 1}
+        (ws / EXP_SAVE_RECORD).write_text(json.dumps(record))
+        git(ws, "stash", "push", "-q")  # DVC's stash of the workspace: "WIP on master"
+        git(ws, "checkout", "-q", "--detach")
+        (ws / ".git" / "logs" / "refs" / "stash.lock").write_text("")
+
+        done = DvcWorkspace(ws).clean_interrupted_git_state()
+
+        assert any(line.startswith("removed .git/logs/refs/stash.lock") for line in done), done
+        assert any(line.startswith("dropped the git stash entry") for line in done), done
+        assert git(ws, "stash", "list") == "" and git(ws, "symbolic-ref", "HEAD") == "refs/heads/master"
+        assert (ws / "params.yaml").read_text() == changed
