@@ -418,6 +418,13 @@ class TrainParams(_Section):
         0, ge=0, description="Examples per forward pass, gradients accumulated up to batch_size (0: the whole batch).",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward: less memory, ~30% slower.")
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+        "fp32",
+        description="sft, rft and the warm start: bf16 runs the forward's matrix products in bfloat16 (torch.autocast; "
+                    "weights, gradients and optimizer state stay float32); fp32 does not; auto: bf16 where the device "
+                    "computes it natively (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else fp32. grpo "
+                    "always trains in fp32.",
+    )
     shaping: ShapingParams = ShapingParams()
     grpo: GrpoParams = GrpoParams()
     replay: ReplayParams = ReplayParams()

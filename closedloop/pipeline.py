@@ -71,7 +71,7 @@ STAGES: tuple[StageSpec, ...] = (
     ),
     StageSpec(
         "warmstart", (ws.BENCHMARK_TASKS,),
-        ("project.seed", "model", "warmstart", "envs", "evaluate", "train.lora", *SAMPLING_KEYS,
+        ("project.seed", "model", "warmstart", "envs", "evaluate", "train.lora", "train.mixed_precision", *SAMPLING_KEYS,
          "sample.backend", "sample.server", *SANDBOX_KEYS),
         (ws.REFERENCES, ws.WARMSTART_MODEL, ws.WARMSTART_EVAL),
     ),

@@ -61,7 +61,7 @@ def train_on_worker(payload: dict) -> dict:
 def train(ctx: StageContext) -> dict:
     from closedloop.models.loading import load_policy, model_fingerprint, save_policy
     from closedloop.models.settings import save_settings
-    from closedloop.training.causal_lm import Checkpointing, ResumeRefused
+    from closedloop.training.causal_lm import Checkpointing, ResumeRefused, use_bf16
 
     report = read_json(ctx.ws.validation_report)
     if not report.get("success"):
@@ -98,6 +98,8 @@ def train(ctx: StageContext) -> dict:
         identity = {**{f"input {path.name}": _file_hash(path) for path in inputs},
                     "champion": model_fingerprint(ctx.ws.champion), "seed": seed,
                     "model dtype": str(next(model.parameters()).dtype),
+                    # auto resolves per machine: a checkpoint trained in bf16 is not resumed in float32
+                    "mixed precision": mode != "grpo" and use_bf16(params.mixed_precision, model),
                     **{f"params train.{key}": value for key, value in params.model_dump(mode="json").items()
                        if key != "checkpoint_every"}}
         checkpoint = Checkpointing(ctx.ws.candidate.with_name("candidate.checkpoint"), params.checkpoint_every, identity)
@@ -143,7 +145,7 @@ def untrained_reason(record: dict) -> str | None:
 
 
 def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
-    from closedloop.training.causal_lm import Example, train_causal_lm
+    from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
 
     params = ctx.params.train
     records: list[dict] = []
@@ -164,7 +166,7 @@ def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint
         model, tokenizer, examples, steps=budget.steps, batch_size=params.batch_size, lr=params.lr,
         warmup_steps=params.warmup_steps, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
         micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
-        encode_prompt=encode_prompt,
+        encode_prompt=encode_prompt, bf16=use_bf16(params.mixed_precision, model),
     )
     sources: dict[str, int] = {}
     for record in records:
@@ -172,6 +174,7 @@ def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint
     return {"examples": sources, "replay": replay, "steps": stats.steps, "budget": budget.reason,
             "references_available": len(references), "tokens": stats.tokens,
             "padding_share": round(stats.padding_share, 4), "packed": stats.packed,
+            "mixed_precision": "bf16" if stats.bf16 else "fp32",
             "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
             "final_loss": stats.final_loss,
             "untrained_reason": "train.steps is 0" if params.steps == 0 else

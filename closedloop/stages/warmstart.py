@@ -5,7 +5,8 @@ With ``warmstart.lora`` a real model is fine-tuned through LoRA adapters (``trai
 alpha, dropout and target modules), merged into the weights before saving. The built-in is refused:
 it starts from random weights, which only full training turns into a policy (low-rank updates of a
 random network leave it random). ``train.micro_batch_size`` and ``train.gradient_checkpointing``
-apply here too: they are memory settings of the machine, not of one stage.
+apply here too: they are memory settings of the machine, not of one stage. So does
+``train.mixed_precision``, which changes the result (a warmstart param in dvc.yaml).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def run(ctx: StageContext) -> dict:
     from closedloop.evaluation.runner import evaluate_policy
     from closedloop.models.loading import load_policy, save_policy
     from closedloop.models.settings import save_settings
-    from closedloop.training.causal_lm import Example, train_causal_lm
+    from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
 
     params = ctx.params
     if params.warmstart.lora and params.model.name_or_path.startswith(BUILTIN_PREFIX):
@@ -62,6 +63,7 @@ def run(ctx: StageContext) -> dict:
         seed=seed, progress=ctx.progress,
         micro_batch_size=params.train.micro_batch_size, gradient_checkpointing=params.train.gradient_checkpointing,
         encode_prompt=partial(prompt_format.encode, tokenizer),
+        bf16=use_bf16(params.train.mixed_precision, model),
     )
     if params.warmstart.lora:
         from closedloop.training.lora import merged
@@ -90,6 +92,7 @@ def run(ctx: StageContext) -> dict:
         "train_tokens_per_s": round(stats.tokens_per_s, 1),
         "train_padding_share": round(stats.padding_share, 4),
         "train_packed": stats.packed,
+        "train_mixed_precision": "bf16" if stats.bf16 else "fp32",
         "first_loss": stats.first_loss,
         "final_loss": stats.final_loss,
         "benchmark_pass@1": evaluation["summary"]["overall"]["pass@1"],

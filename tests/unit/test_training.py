@@ -342,6 +342,46 @@ class TestPacking:
         assert stats.losses == expected.losses
 
 
+class TestMixedPrecision:
+    """train.mixed_precision: bfloat16 autocast over float32 weights, where the device has it natively."""
+
+    def test_bf16_learns_as_float32_does_and_keeps_float32_weights(self, tokenizer, trained):
+        import torch
+
+        _, float32 = trained
+        model = _fresh_model(tokenizer)
+        stats = train_causal_lm(model, tokenizer, EXAMPLES, **TRAIN, bf16=True)
+        assert stats.bf16 and not float32.bf16
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights stay float32
+        assert stats.losses != float32.losses  # the forwards really ran in bfloat16
+        assert stats.first_loss == pytest.approx(float32.first_loss, rel=0.02)
+        assert sum(stats.losses[-10:]) / 10 < 0.02 * stats.first_loss  # and it learned as well
+
+    def test_bf16_training_is_deterministic(self, tokenizer):
+        states = []
+        for _ in range(2):
+            model = _fresh_model(tokenizer)
+            train_causal_lm(model, tokenizer, EXAMPLES[:20], steps=5, batch_size=8, lr=5e-3, warmup_steps=1,
+                            seed=3, bf16=True)
+            states.append(_state(model))
+        assert _same(*states)
+
+    @pytest.mark.parametrize("setting", ["fp32", "bf16", "auto"])
+    def test_the_setting_resolves_per_device(self, tokenizer, setting):
+        import torch
+
+        from closedloop.training.causal_lm import use_bf16
+
+        native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        assert use_bf16(setting, _fresh_model(tokenizer)) == {"fp32": False, "bf16": True, "auto": native}[setting]
+
+    def test_an_unknown_setting_is_refused_naming_the_key(self):
+        from closedloop.config import ConfigError, parse_params
+
+        with pytest.raises(ConfigError, match="train.mixed_precision"):
+            parse_params({"train": {"mixed_precision": "fp16"}})
+
+
 @pytest.mark.gpu
 def test_a_bfloat16_training_step_on_cuda(tokenizer):
     """On a GPU the model trains in bfloat16 with the loss in float32, micro-batched and checkpointed."""
