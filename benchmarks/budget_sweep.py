@@ -36,6 +36,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import yaml  # noqa: E402  (after the path: the project's modules below)
+
+from closedloop.io import read_json, replace_dir, write_json  # noqa: E402
+from closedloop.lineage.record import ensure_labels  # noqa: E402
+from closedloop.stages.common import run_stage  # noqa: E402
+from closedloop.workspace import Workspace  # noqa: E402
+
 # Each setting: overrides of the repo's params.yaml. "default" is today's params, the baseline.
 SETTINGS: dict[str, dict] = {
     "default": {},
@@ -75,8 +82,6 @@ def merged(base: dict, overrides: dict) -> dict:
 
 
 def params_for(setting: dict, extra: dict) -> dict:
-    import yaml
-
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     return merged(merged(merged(base, COMMON), setting), extra)
 
@@ -84,13 +89,6 @@ def params_for(setting: dict, extra: dict) -> dict:
 def run_loop(name: str, params: dict, iterations: int, workdir: Path, out: Path, final_samples: int = 0) -> None:
     """Warm start + ``iterations`` iterations of one setting in ``workdir/name``; one JSON line per
     iteration appended to ``out``."""
-    import yaml
-
-    from closedloop.io import read_json, write_json
-    from closedloop.io import replace_dir
-    from closedloop.stages.common import run_stage
-    from closedloop.workspace import Workspace
-
     root = workdir / name
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -116,7 +114,7 @@ def run_loop(name: str, params: dict, iterations: int, workdir: Path, out: Path,
         started = time.perf_counter()
         source = ws.next_champion if ws.next_champion.exists() else ws.warmstart_model
         replace_dir(source, ws.champion)
-        _labels(ws)
+        ensure_labels(ws)  # as close_loop does (the labels, known hacks and review outcome, empty)
         seconds = {}
         for stage in ITERATION_STAGES:
             if stage == "train":  # GX is not run here (see the docstring): the batch counts as valid
@@ -153,19 +151,6 @@ def final_check(ws, samples: int) -> dict:
     return {"samples_per_task": samples, "warm_start": pass_rates(warm["summary"]),
             "final": pass_rates(last["summary"]),
             "change": paired_difference(warm["per_task"], last["per_task"], samples, tasks)}
-
-
-def _labels(ws) -> None:
-    """The inputs close_loop creates empty at an iteration's start (labels, known hacks, review outcome)."""
-    from closedloop import workspace as paths
-    from closedloop.io import write_json
-
-    for relative in (paths.HUMAN_LABELS, paths.KNOWN_HACKS):
-        (ws.root / relative).parent.mkdir(parents=True, exist_ok=True)
-        (ws.root / relative).touch()
-    if not ws.review_outcome.exists():
-        write_json(ws.review_outcome, {"iteration": None, "mode": "off", "state": "not_requested",
-                                       "reviewers": [], "answers": []})
 
 
 def main() -> int:

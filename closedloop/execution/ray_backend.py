@@ -101,11 +101,13 @@ class RayPool(Pooled):
             if waiting:
                 # An actor never placed cannot run close(): waiting for it would add close()'s whole
                 # timeout to the failure. Those go at once; the placed ones close as usual.
-                unplaced = {ref.hex() for ref in waiting}
-                for ref, actor in zip(pending, list(self._actors)):
-                    if ref.hex() in unplaced:
+                placed = []
+                for ref, actor in zip(pending, self._actors):
+                    if ref in waiting:
                         ray.kill(actor)
-                        self._actors.remove(actor)
+                    else:
+                        placed.append(actor)
+                self._actors = placed
                 raise ExecutionError(
                     f"{len(waiting)} of {count} Ray actors for {worker} (each asking for {resources.num_cpus:g} CPU, "
                     f"{resources.num_gpus:g} GPU) were not placed or ready within {placement_timeout_s:g} s "

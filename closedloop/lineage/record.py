@@ -52,11 +52,11 @@ def close_loop(ws: Workspace, closed: str | None = None) -> str:
     wanted = model_fingerprint(source)
     if not ws.champion.exists() or model_fingerprint(ws.champion) != wanted:
         replace_dir(source, ws.champion)
-    DvcWorkspace(ws.root).add(paths.CHAMPION, *_ensure_labels(ws))
+    DvcWorkspace(ws.root).add(paths.CHAMPION, *ensure_labels(ws))
     return wanted
 
 
-def _ensure_labels(ws: Workspace) -> tuple[str, ...]:
+def ensure_labels(ws: Workspace) -> tuple[str, ...]:
     """The human labels and known hacks files, and the review outcome the gate reads (dvc.yaml deps):
     created empty when missing, so they exist from the first iteration on, answered or not.
 
@@ -81,7 +81,7 @@ def _ensure_labels(ws: Workspace) -> tuple[str, ...]:
 def record_labels(ws: Workspace) -> None:
     """`dvc add` the labels as they are now: the answers a review appended since the last iteration
     become this iteration's input, a version of their own."""
-    DvcWorkspace(ws.root).add(*_ensure_labels(ws))
+    DvcWorkspace(ws.root).add(*ensure_labels(ws))
 
 
 def merge_reviews(ws: Workspace, params: Params, resuming: bool = False) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def merge_reviews(ws: Workspace, params: Params, resuming: bool = False) -> dict
     the inbox for its gate and for the next iteration."""
     from closedloop.review.labels import merge_inbox, queued_answers
 
-    _ensure_labels(ws)
+    ensure_labels(ws)
     counts = {"merged": 0, "duplicates": 0, "known_hacks": 0, "torn": 0}
     if not resuming:
         queued = queued_answers(ws)

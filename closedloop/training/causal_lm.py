@@ -10,7 +10,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,9 +128,9 @@ def train_causal_lm(
     padded positions computed. A model whose attention does not honour packed positions is detected
     on the first batch (the packed loss differs from the padded one) and trained padded instead.
 
-    With ``bf16``, each forward runs under bfloat16 autocast (see :func:`use_bf16`): about 1.35x the
-    steps per second on a CPU with AVX512-BF16, a different rounding of every step. The packing check
-    stays in float32.
+    With ``bf16``, each forward runs under bfloat16 autocast (see :func:`use_bf16`): a different rounding
+    of every step, and on a CPU with AVX512-BF16 1.16x the tokens per second over a whole warm start at
+    nearly four times the peak memory (docs/benchmarks.md). The packing check stays in float32.
     """
     if steps < 0 or batch_size < 1 or lr <= 0 or warmup_steps < 0:
         raise ValueError(
@@ -527,12 +527,10 @@ def use_bf16(setting: str, model: Any) -> bool:
 def _autocast(model: Any, bf16: bool) -> Any:
     """Mixed precision: the forward's matrix products in bfloat16, weights, gradients and optimizer
     state in float32 (torch.autocast), or nothing when ``bf16`` is off."""
-    import contextlib
-
     import torch
 
     if not bf16:
-        return contextlib.nullcontext()
+        return nullcontext()
     return torch.autocast(model.device.type, dtype=torch.bfloat16)
 
 
