@@ -427,6 +427,15 @@ class TrainParams(_Section):
     )
     shaping: ShapingParams = ShapingParams()
     grpo: GrpoParams = GrpoParams()
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _not_a_yaml_boolean(cls, value: Any) -> Any:
+        # YAML reads off/no/false (and on/yes/true) as booleans: say what to write instead of "got False".
+        if isinstance(value, bool):
+            raise ValueError(f"got the YAML boolean {str(value).lower()} (off/on/no/yes read as one): "
+                             "write fp32, bf16 or auto")
+        return value
     replay: ReplayParams = ReplayParams()
     lora: LoraParams = LoraParams()
 

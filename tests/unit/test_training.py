@@ -381,6 +381,13 @@ class TestMixedPrecision:
         with pytest.raises(ConfigError, match="train.mixed_precision"):
             parse_params({"train": {"mixed_precision": "fp16"}})
 
+    def test_off_written_in_yaml_is_answered_with_what_to_write(self, tmp_path):
+        from closedloop.config import ConfigError, load_params
+
+        (tmp_path / "params.yaml").write_text("train:\n  mixed_precision: off\n")
+        with pytest.raises(ConfigError, match=r"(?s)params.yaml.*train.mixed_precision.*YAML boolean false.*write fp32"):
+            load_params(tmp_path)
+
 
 @pytest.mark.gpu
 def test_a_bfloat16_training_step_on_cuda(tokenizer):
