@@ -210,11 +210,15 @@ def probing(address: str) -> dict:
     with ray_task_runner(params) as runner:
         seen = runner.submit(probe, {}).result()
     # Task runs reach the API as events, written in batches: under load that takes longer, so the
-    # wait is a minute per core's worth of load (a loaded 2-core machine: several minutes).
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    state, deadline = None, time.monotonic() + 60 * min(5.0, max(1.0, load))
+    # wait is a minute per core's worth of load, read again at every poll (a load that rises during
+    # the wait lengthens it: a fresh-clone run sampled a quiet moment and gave up after 60 s), at
+    # least three minutes and at most five. It ends as soon as the state is there.
+    def limit() -> float:
+        return 60 * min(5.0, max(3.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+
+    state, started = None, time.monotonic()
     with get_client(sync_client=True) as client:
-        while state != "COMPLETED" and time.monotonic() < deadline:
+        while state != "COMPLETED" and time.monotonic() - started < limit():
             try:
                 state = client.read_task_run(seen["task_run_id"]).state_type.value
             except ObjectNotFound:
