@@ -70,6 +70,21 @@ SETTINGS: dict[str, dict] = {
     # half the batch and half the benchmark samples: a shorter iteration outside training
     "ws300_t150_lr2_n400_e2": {"warmstart": {"steps": 300, "lr": 0.003}, "train": {"steps": 150, "lr": 0.002},
                                "generate": {"n_tasks": 400}, "evaluate": {"samples_per_task": 2}},
+    # a smaller built-in (hidden 128, MLP 384: 0.58x the CPU time of a training step), and the default
+    # warm start with half the train steps; each beside its control
+    "s128": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}}},
+    "s128_sft": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}}, "train": {"mode": "sft"}},
+    "t200": {"train": {"steps": 200}},
+    "t200_sft": {"train": {"steps": 200, "mode": "sft"}},
+    "s128_t200_n400_e2": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}},
+                          "train": {"steps": 200}, "generate": {"n_tasks": 400}, "evaluate": {"samples_per_task": 2}},
+    "s128_t200_n400_e2_sft": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}},
+                              "train": {"steps": 200, "mode": "sft"}, "generate": {"n_tasks": 400},
+                              "evaluate": {"samples_per_task": 2}},
+    "s128_ws500lr3_t200": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}},
+                           "warmstart": {"steps": 500, "lr": 0.003}, "train": {"steps": 200}},
+    "s128_ws500lr3_t200_sft": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}},
+                               "warmstart": {"steps": 500, "lr": 0.003}, "train": {"steps": 200, "mode": "sft"}},
 }
 # For every setting alike: what the harness cannot do without DVC (see the docstring).
 COMMON = {"train": {"replay": {"last": 0, "versions": []}}, "monitors": {"versions": []}}

@@ -94,3 +94,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Test modules that start Ray (a local cluster or `ray start`): under pytest-xdist they share one worker.
+RAY_MODULES = {"tests/stages/test_execution.py", "tests/flows/test_ray_flow.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs two pytest-xdist workers with ``--dist loadgroup``: the suite is about half idle
+    waits (processes starting, servers answering), so two at a time fill a 2-core machine. Each test module
+    stays on one worker, so its module-scoped fixtures (test_resume's uninterrupted reference iteration,
+    test_execution's local batch) are built once; the modules that start Ray share one worker, so two
+    local Rays never start at once (a stage's default Ray would join the other's `ray start` cluster, and
+    each asks for more CPUs than half the machine)."""
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
