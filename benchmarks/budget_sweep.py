@@ -85,6 +85,9 @@ SETTINGS: dict[str, dict] = {
                            "warmstart": {"steps": 500, "lr": 0.003}, "train": {"steps": 200}},
     "s128_ws500lr3_t200_sft": {"model": {"builtin": {"hidden_size": 128, "intermediate_size": 384}},
                                "warmstart": {"steps": 500, "lr": 0.003}, "train": {"steps": 200, "mode": "sft"}},
+    # the default's warm start and train stage with half the batch (and half the benchmark samples)
+    "n400": {"generate": {"n_tasks": 400}},
+    "n400_e2": {"generate": {"n_tasks": 400}, "evaluate": {"samples_per_task": 2}},
 }
 # For every setting alike: what the harness cannot do without DVC (see the docstring).
 COMMON = {"train": {"replay": {"last": 0, "versions": []}}, "monitors": {"versions": []}}

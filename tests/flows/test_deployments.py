@@ -21,14 +21,19 @@ from tests.e2e.test_cli_loop import BIN, cli
 from tests.e2e.test_resume import finish, make_workspace, start_run
 
 
-def _wait(condition, timeout: float, what: str, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def _wait(condition, timeout: float, what: str, every: float = 0.5, log: Path | None = None):
+    """Poll ``condition`` until it is truthy. ``timeout`` is for a quiet machine: the limit is stretched
+    by the load per core, read again at every poll (up to 5x), since the served runner, its flow process
+    and its hooks all wait for CPU on a loaded 2-core machine. ``log``: its tail goes into the failure."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout * min(5.0, max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))):
         value = condition()
         if value:
             return value
         time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what} ({time.monotonic() - started:.0f} s)" +
+                         (f"\n{log.name}:\n{tail}" if tail else ""))
 
 
 def _progress(root: Path) -> dict:
@@ -67,8 +72,11 @@ def served(prefect_api, warm_copy, tmp_path_factory):
     elsewhere.mkdir()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PREFECT_API_URL": prefect_api,
            "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
+    # The runner's log (its flow runs' and hooks' output too) goes to a file beside the workspace, which
+    # a failed wait quotes; a pipe nobody reads would also block the runner once full.
+    log = _serve_log(root).open("w")
     serve = subprocess.Popen([str(BIN / "closedloop"), "serve", "--workspace", str(root)], cwd=elsewhere, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
     async def deployment(client):
         try:
@@ -81,6 +89,11 @@ def served(prefect_api, warm_copy, tmp_path_factory):
     finally:
         serve.terminate()
         serve.wait(timeout=60)
+        log.close()
+
+
+def _serve_log(root: Path) -> Path:
+    return root.parent / "serve.log"
 
 
 def test_the_form_starts_from_the_workspace_params(served):
@@ -134,8 +147,10 @@ def test_a_partial_override_changes_that_key_only_and_a_cancelled_run_resumes(se
 
     _api(lambda client: client.set_flow_run_state(flow_run.id, Cancelling(), force=True))
     assert _final_state(flow_run.id, 120).is_cancelled()
-    progress = _wait(lambda: _progress(root).get("state") == "cancelled" and _progress(root), 60,
-                     "the cancellation hook")
+    # The runner kills the flow process (SIGTERM, then SIGKILL after a 30 s grace) and then runs the hook,
+    # which imports the flow and MLflow: it has 2 minutes on a quiet machine, stretched by the load.
+    progress = _wait(lambda: _progress(root).get("state") == "cancelled" and _progress(root), 120,
+                     "the cancellation hook", log=_serve_log(root))
     assert progress["iteration"] == 1
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("closedloop")
