@@ -533,6 +533,10 @@ class GateParams(_Section):
         2.0, ge=0.0,
         description="A drop is a regression only beyond this many standard errors of the difference too (0: tolerance only).",
     )
+    confirm_samples: int = Field(
+        16, ge=0,
+        description="An env or slice that regressed is evaluated again, both models, with this many samples per task and a new seed, and decided on those figures (0: decide on the first).",
+    )
 
 
 class ReviewStrata(_Section):

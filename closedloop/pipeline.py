@@ -112,7 +112,9 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         "evaluate",
         (ws.BENCHMARK_TASKS, ws.CHAMPION, ws.CANDIDATE),
-        ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *INFERENCE_KEYS, *SANDBOX_KEYS),
+        # The gate's rule picks the groups measured again (gate.confirm_samples), so it is evaluate's too.
+        ("project.seed", "loop.iteration", "evaluate", "envs", *SAMPLING_KEYS, *INFERENCE_KEYS, *SANDBOX_KEYS,
+         "gate.slice_tolerance", "gate.noise_z", "gate.confirm_samples"),
         (ws.EVALUATION,), plots=(plots.BENCHMARK, plots.HISTORY),
     ),
     StageSpec(

@@ -18,17 +18,53 @@ class GateDecision:
         return asdict(self)
 
 
+def groups(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """A summary's groups the gate checks, by the names its reasons use: "env code", then "slice
+    code/core", each sorted."""
+    named = {f"env {name}": figures for name, figures in sorted(summary.get("envs", {}).items())}
+    named.update((f"slice {name}", figures) for name, figures in sorted(summary["slices"].items()))
+    return named
+
+
+def allowed_drop(champion: Mapping[str, Any], candidate: Mapping[str, Any], *, slice_tolerance: float,
+                 noise_z: float) -> tuple[float, str]:
+    """How far one group's pass@1 may fall, and why that far: the larger of ``slice_tolerance`` and
+    ``noise_z`` standard errors of the difference."""
+    noise = noise_z * math.hypot(champion.get("se", 0.0), candidate.get("se", 0.0))
+    allowed = max(slice_tolerance, noise)
+    why = f"slice_tolerance {slice_tolerance}" if allowed == slice_tolerance else f"{noise_z} standard errors ({noise:.3f})"
+    return allowed, why
+
+
+def regressed_groups(champion: Mapping[str, Any], candidate: Mapping[str, Any], *, slice_tolerance: float,
+                     noise_z: float) -> list[str]:
+    """The groups (names as :func:`groups` gives them) whose drop is beyond what :func:`decide` allows:
+    the ones the evaluate stage measures again when ``gate.confirm_samples`` asks it to."""
+    candidate_groups = groups(candidate)
+    return [name for name, champ in groups(champion).items() if name in candidate_groups
+            and candidate_groups[name]["pass@1"] - champ["pass@1"]
+            < -allowed_drop(champ, candidate_groups[name], slice_tolerance=slice_tolerance, noise_z=noise_z)[0]]
+
+
 def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improvement: float,
            slice_tolerance: float, noise_z: float = 0.0, untrained: str | None = None,
            known_hacks: Sequence[Mapping[str, Any]] = (),
            review: Mapping[str, Any] | None = None,
            monitors_holding: Sequence[Mapping[str, Any]] = (),
-           monitors_failing: Sequence[Mapping[str, Any]] = ()) -> GateDecision:
+           monitors_failing: Sequence[Mapping[str, Any]] = (),
+           confirmation: Mapping[str, Any] | None = None) -> GateDecision:
     """Compare two benchmark summaries (see stats.summarize); every reason names the figures.
 
     Every environment and every env/slice is checked. A drop is a regression when it exceeds both
     ``slice_tolerance`` and ``noise_z`` standard errors of the difference: small slices measured with
     a few samples move by more than a fixed tolerance from sampling noise alone.
+
+    ``confirmation`` (evaluation.json's, written by the evaluate stage under ``gate.confirm_samples``)
+    holds the groups that regressed in the first evaluation, measured again for both models with more
+    samples per task and a new seed: {"samples_per_task", "groups": {name: {"champion", "candidate"}}}.
+    Such a group is decided by the same rule on those figures alone. With some 25 groups checked at 2
+    standard errors each, one of them falls beyond its band by chance in a good share of evaluations;
+    a regression must now show twice, and the second, larger measurement is not selected for being low.
 
     ``untrained`` (why the candidate trained 0 steps) holds it whatever the figures say: it is the
     champion unchanged, and any difference measured is noise.
@@ -89,27 +125,31 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
         reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
                        f"({delta:+.3f} does not exceed min_improvement {min_improvement})")
     slice_deltas = {}
-    groups = [(f"env {name}", figures) for name, figures in sorted(champion.get("envs", {}).items())]
-    groups += [(f"slice {name}", figures) for name, figures in sorted(champion["slices"].items())]
-    candidate_groups = {**{f"env {name}": figures for name, figures in candidate.get("envs", {}).items()},
-                        **{f"slice {name}": figures for name, figures in candidate["slices"].items()}}
-    for name, champ_slice in groups:
+    candidate_groups = groups(candidate)
+    confirmed = (confirmation or {}).get("groups", {})
+    for name, champ_slice in groups(champion).items():
         cand_slice = candidate_groups.get(name)
         if cand_slice is None:
             promote = False
             reasons.append(f"{name}: missing from the candidate's evaluation")
             continue
         slice_delta = cand_slice["pass@1"] - champ_slice["pass@1"]
+        first = ""
+        if name in confirmed:  # decided on the second measurement; the first is said
+            _, why = allowed_drop(champ_slice, cand_slice, slice_tolerance=slice_tolerance, noise_z=noise_z)
+            first = (f", measured again at {confirmation['samples_per_task']} samples per task after the first "
+                     f"evaluation's {slice_delta:+.3f} ({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}) "
+                     f"fell beyond {why}")
+            champ_slice, cand_slice = confirmed[name]["champion"], confirmed[name]["candidate"]
+            slice_delta = cand_slice["pass@1"] - champ_slice["pass@1"]
         slice_deltas[name.split(" ", 1)[1]] = slice_delta
-        noise = noise_z * math.hypot(champ_slice.get("se", 0.0), cand_slice.get("se", 0.0))
-        allowed = max(slice_tolerance, noise)
-        why = f"slice_tolerance {slice_tolerance}" if allowed == slice_tolerance else f"{noise_z} standard errors ({noise:.3f})"
+        allowed, why = allowed_drop(champ_slice, cand_slice, slice_tolerance=slice_tolerance, noise_z=noise_z)
         if slice_delta < -allowed:
             promote = False
             reasons.append(f"{name} regressed {slice_delta:+.3f} "
-                           f"({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}), beyond {why}")
+                           f"({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}), beyond {why}{first}")
         else:
-            reasons.append(f"{name}: {slice_delta:+.3f} within {why}")
+            reasons.append(f"{name}: {slice_delta:+.3f} within {why}{first}")
     return GateDecision(promote=promote, reasons=reasons, overall_delta=delta, slice_deltas=slice_deltas)
 
 

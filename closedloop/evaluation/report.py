@@ -53,8 +53,9 @@ def comparisons(gate: Mapping[str, Any]) -> list[dict[str, Any]]:
     champion, candidate, delta, allowed, why, verdict} with verdict "regressed", "within" or
     "missing" (a group the candidate's evaluation lacks)."""
     settings = gate.get("settings", {})
+    confirmation = gate.get("confirmation") or {}
     rows = []
-    for kind, group in (("environment", "envs"), ("slice", "slices")):
+    for kind, group, prefix in (("environment", "envs", "env"), ("slice", "slices", "slice")):
         champion_groups = gate["champion"].get(group, {})
         candidate_groups = gate["candidate"].get(group, {})
         for name in sorted(champion_groups):
@@ -63,10 +64,16 @@ def comparisons(gate: Mapping[str, Any]) -> list[dict[str, Any]]:
                 rows.append({"kind": kind, "name": name, "champion": champ["pass@1"], "candidate": None,
                              "delta": None, "allowed": None, "why": "", "verdict": "missing"})
                 continue
+            again = confirmation.get("groups", {}).get(f"{prefix} {name}")
+            first = ""
+            if again:  # the gate decided this group on its second measurement (evaluation.gate.decide)
+                first = (f"; measured again at {confirmation['samples_per_task']} samples per task after "
+                         f"{pp(cand['pass@1'] - champ['pass@1'])} at first")
+                champ, cand = again["champion"], again["candidate"]
             delta = cand["pass@1"] - champ["pass@1"]
             allowed, why = allowed_drop(champ, cand, settings)
             rows.append({"kind": kind, "name": name, "champion": champ["pass@1"], "candidate": cand["pass@1"],
-                         "delta": delta, "allowed": allowed, "why": why,
+                         "delta": delta, "allowed": allowed, "why": why + first,
                          "verdict": "regressed" if delta < -allowed else "within"})
     return rows
 
@@ -236,7 +243,9 @@ def gate_markdown(gate: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
         f"- overall benchmark pass@1: champion {champion} {champ:.3f}, candidate {candidate} {cand:.3f} "
         f"({pp(cand - champ)}; it must rise by more than {points(settings.get('min_improvement', 0.0))})",
         f"- an environment or slice may fall by the slice tolerance {points(settings.get('slice_tolerance', 0.0))} or "
-        f"{settings.get('noise_z', 0.0):g} standard errors of the difference, whichever is larger",
+        f"{settings.get('noise_z', 0.0):g} standard errors of the difference, whichever is larger"
+        + (f"; one that falls further is measured again, both models, at {settings['confirm_samples']} samples "
+           "per task, and decided on those figures" if settings.get("confirm_samples") else ""),
     ]
     others = [r for r in gate.get("reasons", []) if not _is_figure_reason(r)]
     lines += [f"- {reason}" for reason in others]

@@ -36,6 +36,7 @@ def run(ctx: StageContext) -> dict:
         noise_z=ctx.params.gate.noise_z, untrained=untrained, known_hacks=hacks,
         review=read_json(ctx.ws.review_outcome) if ctx.ws.review_outcome.exists() else None,
         monitors_holding=holding, monitors_failing=[m for m in failing if m["name"] not in blocking],
+        confirmation=evaluation.get("confirmation"),
     )
     report = {
         **decision.to_dict(),
@@ -46,10 +47,13 @@ def run(ctx: StageContext) -> dict:
                       **evaluation["candidate"]["summary"]},
         "settings": {"min_improvement": ctx.params.gate.min_improvement,
                      "slice_tolerance": ctx.params.gate.slice_tolerance, "noise_z": ctx.params.gate.noise_z,
+                     "confirm_samples": ctx.params.gate.confirm_samples,
                      "block_promotion": list(blocking)},
         # What the gate report's monitors table shows (evaluation/report.py).
         "monitors": [{key: monitor.get(key) for key in MONITOR_KEYS} for monitor in monitors],
         "monitors_holding": [monitor["name"] for monitor in holding],
+        # The groups measured again (the evaluate stage's second look) and their figures there.
+        "confirmation": evaluation.get("confirmation"),
     }
     write_json(ctx.ws.gate, report)
     return {"promote": decision.promote, "overall_delta": decision.overall_delta, "trained": untrained is None,

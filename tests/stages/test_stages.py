@@ -369,3 +369,47 @@ def test_lora_on_modules_the_model_lacks_names_the_key(done, tmp_path):
     ws = _mode_copy(done, tmp_path, "lora-bad", lora={"enabled": True, "target_modules": ["no_such_proj"]})
     with pytest.raises(StageError, match=r"train.lora.target_modules \['no_such_proj'\]"):
         run_stage("train", ws.root)
+
+
+
+def test_a_regressed_group_is_measured_again_on_its_own_tasks_and_the_gate_says_so(done, tmp_path, monkeypatch):
+    """gate.confirm_samples: the groups the first evaluation would hold the candidate for are evaluated
+    again, both models, on their tasks alone; the gate decides them on those figures and says both."""
+    from closedloop.stages import evaluate
+
+    # The tiny models score 0 on every group, so none regresses by itself: the rule's choice is forced
+    # (a slice and an environment of another env), the measuring and deciding are the stage's own.
+    chosen_groups = ["env rules", "slice code/edge"]
+    seen = []
+    monkeypatch.setattr(evaluate, "regressed_groups", lambda champion, candidate, **rule: seen.append(rule) or chosen_groups)
+    ws = _copy_with(done, tmp_path, "confirm", "gate", confirm_samples=3)
+    run_stage("evaluate", ws.root)
+    params = load_params(ws.root)
+    assert seen == [{"slice_tolerance": params.gate.slice_tolerance, "noise_z": params.gate.noise_z}]
+    evaluation = read_json(ws.evaluation)
+    confirmation = evaluation["confirmation"]
+    assert sorted(confirmation["groups"]) == sorted(chosen_groups) and confirmation["samples_per_task"] == 3
+    benchmark = read_jsonl(ws.benchmark_tasks)
+    on_them = [t for t in benchmark if t["env"] == "rules" or (t["env"], t["slice"]) == ("code", "edge")]
+    assert confirmation["tasks"] == len(on_them) < len(benchmark)
+    summary = evaluation["champion"]["summary"]
+    for role in ("champion", "candidate"):
+        assert confirmation["groups"]["env rules"][role]["tasks"] == summary["envs"]["rules"]["tasks"]
+        assert confirmation["groups"]["slice code/edge"][role]["tasks"] == summary["slices"]["code/edge"]["tasks"]
+    assert stage_result(ws.root, "evaluate")["confirmed_groups"] == 2
+    assert confirmation["seed"] == params.stage_seed("evaluate/confirm") != params.stage_seed("evaluate")
+
+    run_stage("gate", ws.root)
+    gate = read_json(ws.gate)
+    assert gate["confirmation"] == confirmation and gate["settings"]["confirm_samples"] == 3
+    for name in chosen_groups:
+        said = next(r for r in gate["reasons"] if r.startswith(name + " ") or r.startswith(name + ":"))
+        assert "measured again at 3 samples per task after the first evaluation's" in said, said
+    others = [r for r in gate["reasons"] if r.startswith(("env ", "slice ")) and not r.startswith(tuple(chosen_groups))]
+    assert others and not any("measured again" in r for r in others)
+
+    # confirm_samples 0: nothing measured again, whatever regressed
+    off = _copy_with(done, tmp_path, "confirm-off", "gate", confirm_samples=0)
+    run_stage("evaluate", off.root)
+    assert "confirmation" not in read_json(off.evaluation)
+    assert stage_result(off.root, "evaluate")["confirmed_groups"] == 0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from closedloop.evaluation.gate import decide
+from closedloop.evaluation.gate import decide, regressed_groups
 from closedloop.evaluation.stats import pass_at_k, summarize
 
 
@@ -81,6 +81,47 @@ class TestDecide:
         decision = decide(noisy(0.3, 0.5, 0.01), noisy(0.4, 0.4, 0.01), min_improvement=0.0, slice_tolerance=0.05,
                           noise_z=2.0)
         assert not decision.promote and any("beyond slice_tolerance 0.05" in r for r in decision.reasons)
+
+
+class TestConfirmation:
+    """A group that regressed at the first evaluation is decided on its second measurement."""
+
+    CHAMPION = {"overall": {"pass@1": 0.30, "se": 0.0}, "envs": {"rules": {"pass@1": 0.10, "se": 0.01}},
+                "slices": {"rules/edge": {"pass@1": 0.075, "se": 0.02}, "code/core": {"pass@1": 0.5, "se": 0.02}}}
+    CANDIDATE = {"overall": {"pass@1": 0.36, "se": 0.0}, "envs": {"rules": {"pass@1": 0.09, "se": 0.01}},
+                 "slices": {"rules/edge": {"pass@1": 0.013, "se": 0.01}, "code/core": {"pass@1": 0.6, "se": 0.02}}}
+    RULE = dict(min_improvement=0.0, slice_tolerance=0.05, noise_z=2.0)
+
+    def again(self, champion, candidate, se=0.01):
+        return {"samples_per_task": 16, "groups": {"slice rules/edge": {
+            "champion": {"pass@1": champion, "se": se, "tasks": 20},
+            "candidate": {"pass@1": candidate, "se": se, "tasks": 20}}}}
+
+    def test_the_groups_measured_again_are_the_ones_the_gate_would_hold_for(self):
+        assert regressed_groups(self.CHAMPION, self.CANDIDATE, slice_tolerance=0.05, noise_z=2.0) == ["slice rules/edge"]
+        first = decide(self.CHAMPION, self.CANDIDATE, **self.RULE)
+        assert not first.promote and any(r.startswith("slice rules/edge regressed -0.062") for r in first.reasons)
+        assert regressed_groups(self.CHAMPION, self.CHAMPION, slice_tolerance=0.05, noise_z=2.0) == []
+
+    def test_a_drop_that_does_not_show_again_promotes_and_both_measurements_are_said(self):
+        decision = decide(self.CHAMPION, self.CANDIDATE, **self.RULE, confirmation=self.again(0.060, 0.055))
+        assert decision.promote, decision.reasons
+        said = next(r for r in decision.reasons if r.startswith("slice rules/edge"))
+        assert said.startswith("slice rules/edge: -0.005 within slice_tolerance 0.05, measured again at 16 samples "
+                               "per task after the first evaluation's -0.062 (0.013 vs 0.075) fell beyond")
+        assert decision.slice_deltas["rules/edge"] == pytest.approx(-0.005)
+
+    def test_a_drop_that_shows_again_holds(self):
+        decision = decide(self.CHAMPION, self.CANDIDATE, **self.RULE, confirmation=self.again(0.150, 0.050))
+        assert not decision.promote
+        assert any(r.startswith("slice rules/edge regressed -0.100 (0.050 vs 0.150), beyond slice_tolerance 0.05, "
+                                "measured again at 16") for r in decision.reasons), decision.reasons
+
+    def test_the_second_measurement_has_the_same_noise_band(self):
+        # -0.08 with standard errors of 0.04 each: within 2 SE of the difference (0.113) at the second look too
+        decision = decide(self.CHAMPION, self.CANDIDATE, **self.RULE, confirmation=self.again(0.20, 0.12, se=0.04))
+        assert decision.promote and any("-0.080 within 2.0 standard errors (0.113), measured again" in r
+                                        for r in decision.reasons)
 
 
 class TestHumanReviewBeforePromotion:

@@ -104,6 +104,35 @@ class TestComparisons:
         assert "code/edge is missing from the candidate's evaluation" in decision_sentence(gate, "3")
 
 
+class TestConfirmedGroups:
+    """A group the evaluate stage measured again shows the figures the gate decided it on."""
+
+    def gate(self, champion, candidate):
+        confirmation = {"samples_per_task": 16, "groups": {"slice data/edge": {
+            "champion": {"pass@1": champion, "se": 0.0, "tasks": 20},
+            "candidate": {"pass@1": candidate, "se": 0.0, "tasks": 20}}}}
+        settings = {**SETTINGS, "confirm_samples": 16}
+        decision = decide(CHAMPION, EDGE_FELL, min_improvement=0.0, slice_tolerance=0.05, noise_z=0.0,
+                          confirmation=confirmation)
+        return {**decision.to_dict(), "trained": True, "untrained_reason": None, "champion": CHAMPION,
+                "candidate": EDGE_FELL, "settings": settings, "confirmation": confirmation}
+
+    def test_a_drop_that_did_not_show_again(self) -> None:
+        gate = self.gate(0.40, 0.39)
+        row = next(r for r in comparisons(gate) if r["name"] == "data/edge")
+        assert (row["champion"], row["candidate"], row["verdict"]) == (0.40, 0.39, "within")
+        assert row["why"] == "slice tolerance 5.0 pp; measured again at 16 samples per task after \u221210.0 pp at first"
+        assert gate["promote"] and decision_sentence(gate, "3").startswith("Promoted:")
+        text = gate_markdown(gate, {**SUMMARY, "promoted": True})
+        assert "one that falls further is measured again, both models, at 16 samples per task" in text
+
+    def test_a_drop_that_showed_again(self) -> None:
+        gate = self.gate(0.40, 0.20)
+        row = next(r for r in comparisons(gate) if r["name"] == "data/edge")
+        assert row["verdict"] == "regressed" and not gate["promote"]
+        assert "data/edge fell 0.400 \u2192 0.200 (\u221220.0 pp)" in decision_sentence(gate, "3")
+
+
 class TestGateMarkdown:
     @pytest.mark.parametrize("candidate, promoted", [(BETTER, True), (EDGE_FELL, False)], ids=["promote", "hold"])
     def test_versions_not_fingerprints(self, candidate, promoted) -> None:
