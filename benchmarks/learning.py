@@ -58,6 +58,8 @@ def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
         "skipped_groups": train.get("skipped_groups"), "groups": train.get("groups"),
         "train_steps": train["steps"], "train_tokens": train["tokens"], "train_tokens_per_s": timing["tokens_per_s"],
         "train_seconds": timing["seconds"],
+        # The groups the gate would have held for at the first evaluation, measured again (gate.confirm_samples).
+        "measured_again": sorted((gate.get("confirmation") or {}).get("groups", {})),
     }
 
 
@@ -66,9 +68,11 @@ def describe(row: dict, warm: dict) -> str:
     envs = " ".join(f"{env} {value:.3f}" for env, value in row["champion"].items() if env != "overall")
     extra = (f"skipped groups {row['skipped_groups']}/{row['groups']}" if row["mode"] == "grpo"
              else f"trained on {row['trained_on']}")
+    again = f"measured again: {', '.join(row['measured_again'])} | " if row.get("measured_again") else ""
     return (f"{row['mode']:<5} it {row['iteration']}  champion {row['champion']['overall']:.3f} ({gain:+.1f} pp)  "
             f"candidate {row['candidate']['overall']:.3f}  {'promoted' if row['promoted'] else 'held'}  | {envs} | "
             f"positives {row['positives']} fixes {row['fix_pairs']} {extra} | "
+            f"{again}"
             f"train {row['train_tokens_per_s']:.0f} tok/s | {row['wall_s']:.0f} s")
 
 
