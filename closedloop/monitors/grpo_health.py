@@ -10,6 +10,9 @@ Four figures, where logged:
 - logprob_delta_mean / _max: the gap between the sampler's and the trainer's log-probs of the same
   tokens (metrics/train.json; only when the sampler gave log-probs). Reported, not judged: its scale
   depends on the backend.
+- The trainer's own figures over its steps (TRAINER_FIGURES: clip shares low and high, KL to the
+  sampling policy, the policy's token entropy, advantages, gradient norm, completion length and the
+  share cut at max_new_tokens). Reported, not judged.
 The value is the largest of zero_variance_share, entropy_drop and clip_fraction: each is a share of
 the batch's signal gone.
 """
@@ -20,6 +23,12 @@ from collections import defaultdict
 
 from closedloop.monitors.base import IterationData, MonitorResult, Threshold, judged, skipped
 from closedloop.monitors.rows import fmt, scored
+
+# Reported beside the judged parts, as the train stage measured them (stages/train.py, training/grpo.py):
+# what TRL and verl log for GRPO, over the iteration's steps.
+TRAINER_FIGURES = ("frac_reward_zero_std", "advantage_mean", "advantage_std", "clip_low", "clip_high", "kl_mean",
+                   "kl_last", "entropy_mean", "entropy_first", "entropy_last", "grad_norm_mean", "grad_norm_max",
+                   "completion_length_mean", "truncated_share")
 
 NAME = "grpo_health"
 VERSION = "1"
@@ -75,7 +84,7 @@ def check(current: IterationData, history: list[IterationData], threshold: Thres
             notes.append("no previous entropy to compare with")
     if current.train.get("clip_fraction") is not None:
         judged_parts["clip_fraction"] = float(current.train["clip_fraction"])
-    for key in ("logprob_delta_mean", "logprob_delta_max"):
+    for key in ("logprob_delta_mean", "logprob_delta_max", *TRAINER_FIGURES):
         if current.train.get(key) is not None:
             figures[key] = float(current.train[key])
     figures.update(judged_parts)

@@ -116,9 +116,11 @@ def train(ctx: StageContext) -> dict:
 
         model = merged(model)
     reason = figures.pop("untrained_reason")  # used only when nothing was trained
+    steps_log = figures.pop("steps_log", None)  # grpo's per-step figures: the model's record, not metrics
     trained = {"trained": figures["steps"] > 0, "untrained_reason": None if figures["steps"] > 0 else reason}
     record = {"mode": mode, "parent_version": model_fingerprint(ctx.ws.champion), "iteration": ctx.params.loop.iteration,
-              "params": params.model_dump(mode="json"), "data": figures["examples"], **trained}
+              "params": params.model_dump(mode="json"), "data": figures["examples"], **trained,
+              **({"steps_log": steps_log} if steps_log is not None else {})}
     staging = ctx.ws.candidate.with_name("candidate.staging")
     shutil.rmtree(staging, ignore_errors=True)
     save_policy(model, tokenizer, staging)
@@ -272,7 +274,7 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
     rewards = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rewards, required=("sample_id", "reward", "steps", "status"))}
     # "logprobs" is null where the sampling backend returns none: the trainer computes them.
     rollouts = {r["sample_id"]: r for r in read_jsonl(ctx.ws.rollouts, required=("sample_id", "token_ids"))}
-    batch, infra = [], 0
+    batch, infra, cut = [], 0, 0
     for sample in samples:
         sample_id = sample["sample_id"]
         if sample_id not in rewards or sample_id not in rollouts:
@@ -282,6 +284,7 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
             infra += 1
             continue
         rollout = rollouts[sample_id]
+        cut += sample.get("finish_reason") == "length"  # stopped by sample.max_new_tokens, not by the model
         batch.append(Rollout(group=sample["task_id"], prompt=prompts[sample["task_id"]],
                              token_ids=tuple(rollout["token_ids"]),
                              logprobs=None if rollout.get("logprobs") is None else tuple(rollout["logprobs"]),
@@ -308,6 +311,13 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
             "final_loss": stats.final_loss, "clip_fraction": round(stats.clip_fraction, 4),
             "initial_log_ratio": stats.initial_log_ratio, "behaviour_logprobs": stats.behaviour_logprobs,
             "logprob_delta_mean": stats.logprob_delta_mean, "logprob_delta_max": stats.logprob_delta_max,
+            # What TRL and verl log for GRPO (training/grpo.py); the per-step records go into the
+            # candidate's closedloop_training.json.
+            "frac_reward_zero_std": round(stats.zero_std_share, 6), "advantage_mean": round(stats.advantage_mean, 6),
+            "advantage_std": round(stats.advantage_std, 6),
+            "completion_length_mean": round(stats.completion_length_mean, 2),
+            "truncated_share": round(cut / len(batch), 6) if batch else None,
+            **stats.run_figures(), "steps_log": stats.steps_log,
             "untrained_reason": why}
 
 

@@ -211,6 +211,8 @@ def optimize(
     loss_tokens: Callable[[list[int]], int] | None = None,
     gradient_checkpointing: bool = False,
     dropout: bool = True,
+    log: list[dict[str, float]] | None = None,
+    step_figures: Callable[[], dict[str, float]] | None = None,
 ) -> tuple[list[float], int]:
     """One AdamW step per batch of example indices; ``step_loss(indices, denominator) -> (loss, tokens)``.
 
@@ -228,6 +230,11 @@ def optimize(
     activation checkpointing, KV cache off) for the duration of the run. ``dropout=False`` trains with
     the model in eval mode, so every dropout of every architecture is off (gradients flow in eval mode
     just the same): grpo needs its policy ratios taken against the very forward that sampled.
+
+    ``log``, when given, gets one record per step: {"step", "loss", "lr" (the rate that step used),
+    "grad_norm" (before clipping)} and whatever ``step_figures()`` returns after the step (grpo's clip
+    shares, KL, entropy). It is checkpointed with the run, so a resumed run's log has every step.
+    Recording changes nothing the step computes.
     """
     import torch
     from tqdm.auto import tqdm
@@ -247,23 +254,29 @@ def optimize(
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
         done = 0
         if checkpoint is not None:
-            done, losses, tokens = _resume(checkpoint, model, optimizer, scheduler)
+            done, losses, tokens, logged = _resume(checkpoint, model, optimizer, scheduler)
+            if log is not None:
+                log[:] = logged
         model.train(dropout)
         bar = tqdm(total=steps, desc="training", unit="step", disable=not progress, initial=done)
         try:
             with _activation_checkpointing(model, gradient_checkpointing, dropout):
                 for step, indices in enumerate(batches[done:], start=done + 1):
                     loss_value, batch_tokens = _accumulate(step_loss, indices, micro_batch_size, loss_tokens)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    step_lr = scheduler.get_last_lr()[0]
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
                     losses.append(loss_value)
                     tokens += batch_tokens
+                    if log is not None:
+                        log.append({"step": step, "loss": loss_value, "lr": step_lr, "grad_norm": float(grad_norm),
+                                    **(step_figures() if step_figures else {})})
                     bar.update(1)
                     bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
                     if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
-                        _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens)
+                        _save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens, log or [])
         finally:
             bar.close()
             model.eval()
@@ -348,7 +361,7 @@ def _is_checkpointed_layer(module: Any) -> bool:
 
 
 def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any, step: int,
-                     losses: list[float], tokens: int) -> None:
+                     losses: list[float], tokens: int, log: list[dict[str, float]]) -> None:
     """Write the whole training state atomically: a kill mid-write leaves the previous checkpoint."""
     import os
     from pathlib import Path
@@ -357,7 +370,7 @@ def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, sche
 
     directory = Path(checkpoint.directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {"identity": checkpoint.identity, "step": step, "losses": losses, "tokens": tokens,
+    state = {"identity": checkpoint.identity, "step": step, "losses": losses, "tokens": tokens, "log": log,
              "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "rng": torch.get_rng_state()}
     for index in _cuda_devices(model):
@@ -370,15 +383,17 @@ def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, sche
     fault_point("train:checkpoint")  # tests kill a run here, mid-training
 
 
-def _resume(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: Any) -> tuple[int, list[float], int]:
-    """(steps done, losses, tokens) from the checkpoint of this run, or (0, [], 0) when there is none."""
+def _resume(checkpoint: Checkpointing, model: Any, optimizer: Any,
+            scheduler: Any) -> tuple[int, list[float], int, list[dict[str, float]]]:
+    """(steps done, losses, tokens, step log) from the checkpoint of this run, or (0, [], 0, []) when
+    there is none."""
     from pathlib import Path
 
     import torch
 
     path = Path(checkpoint.directory) / CHECKPOINT_FILE
     if not path.exists():
-        return 0, [], 0
+        return 0, [], 0, []
     state = torch.load(path, map_location="cpu", weights_only=False)
     found, wanted = state["identity"], checkpoint.identity
     changed = sorted(key for key in set(found) | set(wanted) if found.get(key) != wanted.get(key))
@@ -393,7 +408,7 @@ def _resume(checkpoint: Checkpointing, model: Any, optimizer: Any, scheduler: An
     for index in _cuda_devices(model):
         if "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], index)
-    return state["step"], list(state["losses"]), state["tokens"]
+    return state["step"], list(state["losses"]), state["tokens"], list(state.get("log", []))
 
 
 def _batch_indices(n: int, batch_size: int, steps: int, rng: random.Random,

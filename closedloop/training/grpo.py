@@ -14,6 +14,13 @@ rewards are all equal carries no signal and is skipped (and counted). The loss i
 policy-ratio objective against the recorded sampling log-probabilities, averaged over completion
 tokens (DAPO's token-level mean, so long completions are not down-weighted), with an optional k3
 KL penalty toward the sampling policy.
+
+What TRL's and verl's GRPO trainers log is logged here too, per step (``GrpoStats.steps_log``) and
+over the run: the share of groups with no reward spread, the advantages' mean and spread, the clip
+shares (low: ratio below 1 - clip on a negative advantage; high: above 1 + clip on a positive one, the
+regions where clipping stops the gradient), the k3 KL to the sampling policy, the policy's token
+entropy over completion tokens, completion length, gradient norm and learning rate. None of it changes
+what a step computes.
 """
 
 from __future__ import annotations
@@ -63,6 +70,29 @@ class GrpoStats:
     # (None when none does): the sampler/trainer consistency check.
     logprob_delta_mean: float | None = None
     logprob_delta_max: float | None = None
+    # Before any update: the share of groups with no reward spread (TRL's frac_reward_zero_std), the
+    # trained rollouts' advantages and completion lengths.
+    zero_std_share: float = 0.0
+    advantage_mean: float = 0.0
+    advantage_std: float = 0.0
+    completion_length_mean: float = 0.0
+    # One record per step: step, loss, lr, grad_norm, clip_low, clip_high, kl, entropy (see optimize).
+    steps_log: list[dict[str, float]] = field(default_factory=list)
+
+    def run_figures(self) -> dict[str, float | None]:
+        """The per-step figures over the run: means, the first and last step's entropy and KL, the
+        largest gradient norm. Empty figures (None) when nothing trained."""
+        log = self.steps_log
+
+        def mean(key: str) -> float | None:
+            return round(statistics.fmean(r[key] for r in log), 6) if log else None
+
+        return {"clip_low": mean("clip_low"), "clip_high": mean("clip_high"), "kl_mean": mean("kl"),
+                "kl_last": round(log[-1]["kl"], 6) if log else None,
+                "entropy_mean": mean("entropy"), "entropy_first": round(log[0]["entropy"], 6) if log else None,
+                "entropy_last": round(log[-1]["entropy"], 6) if log else None,
+                "grad_norm_mean": mean("grad_norm"), "grad_norm_max": round(max(r["grad_norm"] for r in log), 6) if log else None,
+                "lr_max": max(r["lr"] for r in log) if log else None}
 
 
 def group_advantages(rewards: list[float], *, scale: bool = True, negative_weight: float = 1.0) -> list[float] | None:
@@ -142,10 +172,17 @@ def train_grpo(
                 for p, c, lp, a in rows]
         rows = [row for row in rows if row[1]]
     steps = math.ceil(epochs * len(rows) / batch_size) if rows else 0
+    advantages = [a for _, _, _, a in rows]
+    batch_figures = dict(
+        zero_std_share=skipped / len(groups) if groups else 0.0,
+        advantage_mean=statistics.fmean(advantages) if advantages else 0.0,
+        advantage_std=statistics.pstdev(advantages) if advantages else 0.0,
+        completion_length_mean=statistics.fmean(len(c) for _, c, _, _ in rows) if rows else 0.0,
+    )
     if steps == 0:
         return GrpoStats(steps=0, rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=0,
                          wall_s=0.0, tokens_per_s=0.0, first_loss=None, final_loss=None, clip_fraction=0.0,
-                         initial_log_ratio=0.0, losses=[])
+                         initial_log_ratio=0.0, losses=[], **batch_figures)
 
     import torch
 
@@ -163,6 +200,14 @@ def train_grpo(
                              lengths=[len(p) + len(c) for p, c, _, _ in rows])
     clipped = counted = 0
     initial: list[float] = []
+    # This step's sums over its completion tokens (every micro-batch), for the step log.
+    step_sums = dict.fromkeys(("tokens", "clip_low", "clip_high", "kl", "entropy"), 0.0)
+
+    def step_figures() -> dict[str, float]:
+        n = step_sums["tokens"] or 1.0
+        figures = {key: step_sums[key] / n for key in ("clip_low", "clip_high", "kl", "entropy")}
+        step_sums.update(dict.fromkeys(step_sums, 0.0))
+        return figures
 
     def step_loss(indices: list[int], denominator: int | None) -> tuple[Any, int]:
         nonlocal clipped, counted
@@ -173,7 +218,7 @@ def train_grpo(
             old[b, len(prompt) - 1 : len(prompt) + len(completion) - 1] = torch.tensor(logprobs)
         advantage = torch.tensor([a for _, _, _, a in batch])[:, None]  # (B, 1)
         old, advantage = old.to(model.device), advantage.to(model.device)
-        logp = _token_logprobs(model, input_ids, attention, temperature)  # (B, T-1)
+        logp, entropy = _token_logprobs(model, input_ids, attention, temperature, entropy=True)  # (B, T-1) each
         log_ratio = (logp - old) * mask
         ratio = torch.exp(log_ratio)
         objective = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + clip) * advantage)
@@ -187,6 +232,11 @@ def train_grpo(
             outside = ((ratio < 1 - clip) | (ratio > 1 + clip)).float() * mask
             clipped += int(outside.sum())
             counted += int(mask.sum())
+            step_sums["tokens"] += float(mask.sum())
+            step_sums["clip_low"] += float((((ratio < 1 - clip) & (advantage < 0)).float() * mask).sum())
+            step_sums["clip_high"] += float((((ratio > 1 + clip) & (advantage > 0)).float() * mask).sum())
+            step_sums["kl"] += float(((torch.exp(-log_ratio) + log_ratio - 1) * mask).sum())
+            step_sums["entropy"] += float((entropy * mask).sum())
             if not initial:
                 initial.append(float(log_ratio.abs().max()))
         return loss, int(attention.sum())
@@ -194,7 +244,8 @@ def train_grpo(
     losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
                               checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
                               loss_tokens=lambda indices: sum(len(rows[i][1]) for i in indices),
-                              gradient_checkpointing=gradient_checkpointing, dropout=False)
+                              gradient_checkpointing=gradient_checkpointing, dropout=False,
+                              log=(steps_log := []), step_figures=step_figures)
     wall = time.perf_counter() - started
     return GrpoStats(
         steps=len(losses), rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=tokens,
@@ -203,7 +254,7 @@ def train_grpo(
         clip_fraction=clipped / counted if counted else 0.0,
         initial_log_ratio=initial[0] if initial else 0.0, losses=losses, behaviour_logprobs=source,
         logprob_delta_mean=sum(deltas) / len(deltas) if deltas else None,
-        logprob_delta_max=max(deltas) if deltas else None,
+        logprob_delta_max=max(deltas) if deltas else None, steps_log=steps_log, **batch_figures,
     )
 
 
@@ -246,9 +297,17 @@ def _pack(rows: list[tuple[list[int], list[int]]], pad_id: int, device: Any) -> 
     return input_ids.to(device), attention.to(device), mask.to(device)
 
 
-def _token_logprobs(model: Any, input_ids: Any, attention: Any, temperature: float) -> Any:
-    """log p(token t + 1 | tokens <= t) at every position, in float32 whatever the model's dtype: (B, T-1)."""
+def _token_logprobs(model: Any, input_ids: Any, attention: Any, temperature: float, *, entropy: bool = False) -> Any:
+    """log p(token t + 1 | tokens <= t) at every position, in float32 whatever the model's dtype: (B, T-1).
+
+    ``entropy=True`` returns (log-probs, the entropy of each position's distribution, no gradient)."""
     import torch
 
     logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
-    return torch.log_softmax(logits / temperature, dim=-1).gather(2, input_ids[:, 1:, None]).squeeze(-1)
+    distribution = torch.log_softmax(logits / temperature, dim=-1)
+    logprobs = distribution.gather(2, input_ids[:, 1:, None]).squeeze(-1)
+    if not entropy:
+        return logprobs
+    with torch.no_grad():  # a row at a time: the (T, V) product, not another (B, T, V) tensor
+        detached = distribution.detach()
+        return logprobs, torch.stack([-(row.exp() * row).sum(-1) for row in detached])

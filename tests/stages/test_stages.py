@@ -320,6 +320,15 @@ def test_grpo_mode_trains_on_every_group_with_a_reward_spread(done, tmp_path):
     assert metrics["initial_log_ratio"] < 1e-3  # the rollouts' log-probabilities are the policy's
     assert metrics["model_version"] != metrics["parent_version"]
     assert _training_record(ws)["mode"] == "grpo"
+    # What TRL and verl log: in the metrics (so in MLflow at step = iteration), per step in the record.
+    assert metrics["frac_reward_zero_std"] == pytest.approx(metrics["skipped_groups"] / metrics["groups"], abs=1e-6)
+    assert metrics["advantage_std"] > 0 and metrics["entropy_mean"] > 0 and metrics["kl_mean"] >= 0
+    assert metrics["grad_norm_max"] >= metrics["grad_norm_mean"] > 0 and 0 <= metrics["truncated_share"] <= 1
+    assert metrics["truncated_share"] == pytest.approx(
+        sum(s["finish_reason"] == "length" for s in samples.values()) / len(samples), abs=1e-6)
+    log = _training_record(ws)["steps_log"]
+    assert len(log) == metrics["steps"] and {"loss", "lr", "grad_norm", "clip_low", "clip_high", "kl", "entropy"} <= set(log[0])
+    assert "steps_log" not in metrics
     first = model_fingerprint(ws.candidate)
     run_stage("train", ws.root)
     assert model_fingerprint(ws.candidate) == first  # deterministic in this mode too

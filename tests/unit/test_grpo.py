@@ -168,6 +168,53 @@ class TestTrainGrpo:
             train_grpo(model, tokenizer, broken, **GRPO)
 
 
+class TestTrainerFigures:
+    """What TRL and verl log for GRPO, per step and over the run (GrpoStats.steps_log, run_figures)."""
+
+    def test_every_step_is_logged_with_the_field_s_figures(self, policy, tokenizer):  # noqa: F811
+        import copy
+        import math
+
+        model, rollouts = policy
+        stats = train_grpo(copy.deepcopy(model), tokenizer, rollouts, **GRPO)
+        log = stats.steps_log
+        assert [r["step"] for r in log] == list(range(1, stats.steps + 1))
+        assert [r["loss"] for r in log] == stats.losses
+        # warm-up: the first step runs at a fraction of lr, the peak is lr, and it decays after
+        assert log[0]["lr"] < GRPO["lr"] and max(r["lr"] for r in log) == pytest.approx(GRPO["lr"])
+        assert log[-1]["lr"] < GRPO["lr"]
+        assert all(r["grad_norm"] > 0 for r in log)
+        # The first step's policy is the sampling policy: ratio 1, nothing clipped, KL 0.
+        assert log[0]["kl"] == pytest.approx(0.0, abs=1e-6) and log[0]["clip_low"] == log[0]["clip_high"] == 0
+        assert any(r["kl"] > 1e-4 for r in log[1:]), "later steps should move away from the sampling policy"
+        vocab = len(tokenizer)
+        assert all(0 < r["entropy"] <= math.log(vocab) for r in log)
+        assert all(0 <= r["clip_low"] <= 1 and 0 <= r["clip_high"] <= 1 for r in log)
+        # at lr 3e-3 over 3 epochs the ratio leaves the clip range, and the clip binds, on some later step
+        assert stats.clip_fraction > 0 and any(r["clip_low"] + r["clip_high"] > 0 for r in log[1:])
+        figures = stats.run_figures()
+        assert figures["entropy_first"] == pytest.approx(log[0]["entropy"], abs=1e-6)
+        assert figures["grad_norm_max"] == pytest.approx(max(r["grad_norm"] for r in log), abs=1e-6)
+        assert figures["lr_max"] == pytest.approx(GRPO["lr"])
+
+    def test_the_batch_figures_are_the_groups_and_advantages_trained_on(self, policy, tokenizer):  # noqa: F811
+        import copy
+        import statistics
+
+        model, rollouts = policy
+        stats = train_grpo(copy.deepcopy(model), tokenizer, rollouts, **{**GRPO, "epochs": 0.1})
+        assert stats.zero_std_share == pytest.approx(stats.skipped_groups / stats.groups)
+        # Scaled advantages are centred and of unit spread within each group, so over the batch too.
+        assert stats.advantage_mean == pytest.approx(0.0, abs=1e-9)
+        assert stats.advantage_std == pytest.approx(1.0, abs=1e-6)
+        trained = [r for r in rollouts if statistics.pstdev(x.reward for x in rollouts if x.group == r.group) > 0]
+        assert stats.completion_length_mean == pytest.approx(statistics.fmean(len(r.token_ids) for r in trained))
+        flat = [Rollout(r.group, r.prompt, r.token_ids, r.logprobs, 0.5) for r in rollouts]
+        nothing = train_grpo(copy.deepcopy(model), tokenizer, flat, **GRPO)
+        assert nothing.zero_std_share == 1.0 and nothing.steps_log == []
+        assert set(nothing.run_figures().values()) == {None}
+
+
 class TestReplaySelection:
     """Which earlier positives the rft training set takes back (the DVC reading is tested in flows)."""
 
@@ -247,6 +294,7 @@ def test_a_killed_grpo_run_resumes_to_the_uninterrupted_result(policy, tokenizer
     stats = train_grpo(resumed, tokenizer, rollouts, checkpoint=Checkpointing(directory, 2, {"run": "grpo"}),
                        **{**GRPO, "epochs": 4})
     assert _same(_state(resumed), _state(uninterrupted)) and stats.losses == reference.losses
+    assert stats.steps_log == reference.steps_log  # the steps before the kill came back with the checkpoint
 
 
 class TestAdvantageOptions:

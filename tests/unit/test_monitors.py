@@ -89,6 +89,19 @@ class TestNormalBatches:
         assert "not a grpo iteration" in found["grpo_health"].message
         assert found["anomaly_rates"].verdict == "ok"  # rates are judged against zero then
 
+    def test_grpo_health_reports_the_trainer_s_figures_without_judging_them(self):
+        import dataclasses
+
+        history = [batch(1, 3, grpo=True), batch(2, 3, grpo=True)]
+        plain = batch(3, 3, grpo=True)
+        trainer = {"frac_reward_zero_std": 0.18, "advantage_std": 0.97, "clip_low": 0.01, "clip_high": 0.02,
+                   "kl_mean": 0.004, "entropy_first": 1.9, "entropy_last": 1.7, "grad_norm_max": 3.5,
+                   "truncated_share": 0.3}
+        logged = dataclasses.replace(plain, train={**plain.train, **trainer})
+        before, after = results(plain, history)["grpo_health"], results(logged, history)["grpo_health"]
+        assert {key: after.figures[key] for key in trainer} == pytest.approx(trainer)
+        assert (after.verdict, after.value) == (before.verdict, before.value)
+
     def test_a_tiny_batch_is_not_judged_on_noise(self):
         # the tiny test run's size (about 20 samples), the same policy drawn again
         for seed in range(10):
