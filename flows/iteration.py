@@ -17,7 +17,7 @@ from closedloop.io import say
 from closedloop.pipeline import ITERATION_STAGES
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
-from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
+from flows.hooks import flow_run_id, flow_run_ids, hold_if_cancelled, on_interrupted
 from flows.params import workspace_params
 from flows.ray_runner import stage_runner
 from tasks import lineage
@@ -86,6 +86,7 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
                         "(its outputs match dvc.lock); not run again")
                     timing["skipped"].append(current)
                     continue
+                hold_if_cancelled(f"stage {current}")
                 step_started = time.perf_counter()
                 lineage.note_stage(workspace, current, done=False)
                 metrics = run_stage(current, workspace, params, progress)
@@ -100,6 +101,7 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
         raise
     version_started = time.perf_counter()
     try:
+        hold_if_cancelled("the version step")
         lineage.push(workspace, params)
         summary = lineage.version(workspace, params, timing["task"])
     except Exception as error:
