@@ -365,6 +365,23 @@ class GrpoParams(_Section):
     negative_weight: float = Field(
         1.0, ge=0.0, description="Weight of below-mean advantages (1: standard GRPO; 0: reinforce only what beat the group).",
     )
+    loss: Literal["dapo", "grpo", "dr_grpo"] = Field(
+        "dapo",
+        description="How token losses become the batch's loss, as TRL names it: dapo, the mean over every completion "
+                    "token of the batch; grpo, each completion's mean, then the mean over completions; dr_grpo, the "
+                    "token sum over completions x sample.max_new_tokens (no length normalisation).",
+    )
+    epsilon_high: Optional[float] = Field(
+        None, gt=0.0, lt=1.0,
+        description="Clip-higher (DAPO): the ratio's upper bound is 1 + epsilon_high; empty: 1 + clip.",
+    )
+    rounds: int = Field(
+        1, ge=1, le=64,
+        description="Generations per train stage. 1: train on the sample stage's batch, drawn from the champion. "
+                    "R > 1: the batch's tasks are cut into R parts; the first trains on the sample stage's samples, "
+                    "each later part is sampled from the policy as trained so far, scored by the reward stage's "
+                    "feedback sources and trained on (on-policy, as TRL's steps_per_generation).",
+    )
 
 
 class ReplayParams(_Section):

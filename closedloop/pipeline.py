@@ -104,10 +104,14 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec(
         # The validation report is an input: training never starts on a batch that failed validation.
         # grpo trains on every sample (rewards, tokens, log-probabilities), rft on the train set.
+        # grpo's on-policy rounds sample and score as the sample and reward stages do: their settings,
+        # the human labels and the sandbox are the train stage's too, and the rounds' samples its output.
         "train",
         (ws.TRAIN_SET, ws.REFERENCES, ws.CHAMPION, ws.VALIDATION_DIR, ws.TASKS, ws.SAMPLES, ws.REWARDS,
-         ws.ROLLOUTS),
-        ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS, *MODEL_KEYS), (ws.CANDIDATE,),
+         ws.ROLLOUTS, ws.HUMAN_LABELS),
+        ("project.seed", "loop.iteration", "train", *SAMPLING_KEYS, "sample.k", "sample.batch_size", *INFERENCE_KEYS,
+         "reward", "envs"),
+        (ws.CANDIDATE, ws.TRAIN_ROUNDS),
     ),
     StageSpec(
         "evaluate",

@@ -30,6 +30,7 @@ class Workspace:
     sample_timings = property(lambda self: self.root / SAMPLE_TIMINGS)
     rollouts = property(lambda self: self.root / ROLLOUTS)
     rewards = property(lambda self: self.root / REWARDS)
+    train_rounds = property(lambda self: self.root / TRAIN_ROUNDS)
     graded = property(lambda self: self.root / GRADED)
     fixes = property(lambda self: self.root / FIXES)
     train_set = property(lambda self: self.root / TRAIN_SET)
@@ -62,6 +63,8 @@ SAMPLES = "data/batch/samples.jsonl"
 SAMPLE_TIMINGS = "data/batch/sample_timings.jsonl"
 ROLLOUTS = "data/batch/rollouts.jsonl"  # each sample's tokens and sampling log-probabilities (for GRPO)
 REWARDS = "data/batch/rewards.jsonl"
+# grpo's on-policy rounds (train.grpo.rounds > 1): the samples the train stage drew and scored itself
+TRAIN_ROUNDS = "data/batch/train_rounds.jsonl"
 GRADED = "data/batch/graded.jsonl"
 FIXES = "data/batch/fixes.jsonl"
 TRAIN_SET = "data/batch/train_set.jsonl"

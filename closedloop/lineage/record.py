@@ -26,6 +26,7 @@ BATCH_DATASETS = (
     ("graded", paths.GRADED, "grading"),
     ("fixes", paths.FIXES, "training"),
     ("train_set", paths.TRAIN_SET, "training"),
+    ("train_rounds", paths.TRAIN_ROUNDS, "training"),  # grpo's on-policy rounds: sampled and scored in train
     ("benchmark", paths.BENCHMARK_TASKS, "evaluation"),
 )
 
@@ -260,7 +261,8 @@ def _datasets(ws: Workspace, hashes: dict[str, str], names=BATCH_DATASETS):
     for name, relative, context in names:
         path = ws.root / relative
         if path.exists():
-            frame = pd.DataFrame(read_jsonl(path))
+            # token ids and log-probabilities stay in the DVC-tracked file: long lists, no use as columns
+            frame = pd.DataFrame(read_jsonl(path)).drop(columns=["token_ids", "logprobs"], errors="ignore")
             inputs.append(DatasetInput(name=name, path=relative, digest=hashes.get(relative, "")[:36],
                                        context=context, frame=frame))
     return inputs

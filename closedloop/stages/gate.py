@@ -13,13 +13,12 @@ from closedloop.evaluation.gate import decide
 from closedloop.io import read_json, read_jsonl, write_json
 from closedloop.rewards.hacks import KNOWN_HACKS_CHECK
 from closedloop.stages.common import StageContext, StageError
+from closedloop.training.candidate_record import training_record, untrained_reason
 
 MONITOR_KEYS = ("name", "version", "verdict", "value", "warn", "fail", "message")  # the report's table
 
 
 def run(ctx: StageContext) -> dict:
-    from closedloop.stages.train import training_record, untrained_reason
-
     evaluation = read_json(ctx.ws.evaluation)
     # The candidate directory is the evaluation's input, and its fingerprint (which covers this file)
     # is in the evaluation: a change here reruns the evaluation and so the gate.

@@ -4,6 +4,9 @@
 - ``rft``: rejection-sampling fine-tuning on the batch's positives and failure→fix pairs, the
   references, and the positives of earlier batches replayed through DVC;
 - ``grpo``: group-relative policy optimisation on every sample of the batch, with the shaped reward.
+  With ``train.grpo.rounds`` R > 1 it runs on-policy: the batch's tasks in R parts, each part after the
+  first sampled from the policy as trained so far and scored by the reward stage's sources
+  (closedloop.stages.onpolicy); those samples are the stage's output ``data/batch/train_rounds.jsonl``.
 
 The mode, its settings and the data mix are written into the model directory
 (``closedloop_training.json``) and into the stage metrics, from which lineage tags the model version.
@@ -24,12 +27,11 @@ from dataclasses import dataclass
 from functools import partial
 
 from closedloop.envs.base import load_tasks
-from closedloop.io import read_json, read_jsonl
+from closedloop.io import read_json, read_jsonl, write_jsonl
 from closedloop.stages.common import StageContext, StageError
+from closedloop.stages.onpolicy import RoundStore, figures_of, round_parts, sample_and_score
 from closedloop.stages.prompting import prompt_format_of
-
-TRAINING_FILE = "closedloop_training.json"
-
+from closedloop.training.candidate_record import TRAINING_FILE
 
 TRAIN_FUNCTION = "closedloop.stages.train:train_on_worker"
 
@@ -108,6 +110,7 @@ def train(ctx: StageContext) -> dict:
             figures = _train_grpo(ctx, model, tokenizer, seed, checkpoint, encode_prompt)
         else:
             figures = _train_supervised(ctx, model, tokenizer, seed, checkpoint, encode_prompt)
+            write_jsonl(ctx.ws.train_rounds, [])  # on-policy rounds are grpo's
     except ResumeRefused as error:
         raise StageError(str(error)) from None
 
@@ -131,19 +134,6 @@ def train(ctx: StageContext) -> dict:
     staging.rename(ctx.ws.candidate)
     return {"mode": mode, **figures, **trained, "parent_version": record["parent_version"],
             "model_version": model_fingerprint(ctx.ws.candidate)}
-
-
-def training_record(model_dir) -> dict:
-    """What the train stage wrote into a candidate (``closedloop_training.json``); {} when absent."""
-    path = model_dir / TRAINING_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def untrained_reason(record: dict) -> str | None:
-    """Why a candidate is the champion unchanged (it trained 0 steps), or None when it trained."""
-    if record.get("trained", True):
-        return None
-    return record.get("untrained_reason") or "it trained 0 steps"
 
 
 def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
@@ -265,8 +255,109 @@ def select_replay(current: list[dict], batches: dict[str, list[dict]],
 
 
 def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
+    """grpo over ``train.grpo.rounds`` generations (closedloop.stages.onpolicy): round 1 on the sample
+    stage's samples, each later round on samples drawn from the policy as trained so far."""
+    from dataclasses import replace
+
+    from closedloop.training.grpo import GrpoStats, combine_stats
+
+    params = ctx.params.train
+    rounds = params.grpo.rounds
+    tasks = load_tasks(ctx.ws.tasks)
+    task_of = {task.task_id: task for task in tasks}
+    parts = round_parts([task.task_id for task in tasks], rounds, seed) if rounds > 1 else [list(task_of)]
+    if rounds > 1 and params.lora.enabled:
+        raise StageError("train.grpo.rounds > 1 with train.lora.enabled: the rounds' samplers load the policy as "
+                         "trained so far, which needs merged weights; use train.grpo.rounds: 1 with LoRA")
+    base = ctx.ws.candidate.with_name("candidate.checkpoint")
+    store = RoundStore(base, None if checkpoint is None else {**checkpoint.identity, "rounds": rounds})
+    prompt_record = prompt_format_of(ctx.params, tokenizer).record(tokenizer)
+    round_stats, round_rows, resumed = [], [], 0
+    totals = {"rollouts": 0, "infra": 0, "cut": 0}
+    for number, part in enumerate(parts, start=1):
+        saved = store.load(number, model) if number < rounds else None
+        if saved is not None:
+            figures, rows = saved
+            round_stats.append(GrpoStats(**figures["stats"]))
+            round_rows += rows
+            for key in totals:
+                totals[key] += figures[key]
+            resumed = number
+            continue
+        if number == 1:
+            batch, infra, cut = _stage_rollouts(ctx, set(part))
+            rows = []
+        else:
+            rows = sample_and_score(ctx, store.policy_dir(number - 1), [task_of[task_id] for task_id in part],
+                                    round_number=number, seed=ctx.seed(f"train/round-{number}"))
+            batch, infra, cut = _round_rollouts(rows, {task_id: task_of[task_id].prompt for task_id in part}, params)
+        counts = {"rollouts": len(batch), "infra": infra, "cut": cut}
+        for key in totals:
+            totals[key] += counts[key]
+        stats = train_grpo_batch(ctx, model, tokenizer, batch, seed=seed + number - 1, encode_prompt=encode_prompt,
+                                 checkpoint=checkpoint if rounds == 1 or checkpoint is None else replace(
+                                     checkpoint, directory=base / f"round-{number}",
+                                     identity={**checkpoint.identity, "round": number}))
+        round_stats.append(stats)
+        round_rows += rows
+        if number < rounds:
+            store.save(number, model, tokenizer, ctx.params.sample, prompt_record,
+                       {"stats": figures_of(stats), **counts}, rows)
+    if rounds > 1:
+        store.clear()
+    write_jsonl(ctx.ws.train_rounds, round_rows)
+    stats = combine_stats(round_stats)
+    batch_size = totals["rollouts"]
+    if not batch_size:
+        why = (f"no rollouts to train on ({totals['infra']} infra errors left out)" if totals["infra"]
+               else "no rollouts to train on")
+    elif stats.skipped_groups == stats.groups:
+        why = f"no group had a reward spread ({stats.skipped_groups} groups skipped)"
+    else:
+        why = (f"no rollout left to train on ({stats.skipped_groups} of {stats.groups} groups had no reward "
+               "spread; the others only empty completions)")
+    return {"examples": {"rollout": stats.rollouts}, "groups": stats.groups, "skipped_groups": stats.skipped_groups,
+            "infra_errors_left_out": totals["infra"], "steps": stats.steps, "tokens": stats.tokens,
+            "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
+            "final_loss": stats.final_loss, "clip_fraction": round(stats.clip_fraction, 4),
+            "initial_log_ratio": stats.initial_log_ratio, "behaviour_logprobs": stats.behaviour_logprobs,
+            "logprob_delta_mean": stats.logprob_delta_mean, "logprob_delta_max": stats.logprob_delta_max,
+            # What TRL and verl log for GRPO (training/grpo.py); the per-step records go into the
+            # candidate's closedloop_training.json.
+            "frac_reward_zero_std": round(stats.zero_std_share, 6), "advantage_mean": round(stats.advantage_mean, 6),
+            "advantage_std": round(stats.advantage_std, 6),
+            "completion_length_mean": round(stats.completion_length_mean, 2),
+            "truncated_share": round(totals["cut"] / batch_size, 6) if batch_size else None,
+            # On-policy rounds: how many, and each round's samples' pass rate (the policy's, as it trained).
+            "rounds": rounds, "rounds_resumed": resumed,
+            **({"round_pass_rates": _round_pass_rates(round_rows)} if rounds > 1 else {}),
+            **stats.run_figures(), "steps_log": stats.steps_log,
+            "untrained_reason": why}
+
+
+def train_grpo_batch(ctx: StageContext, model, tokenizer, batch: list, *, seed: int, encode_prompt, checkpoint):
+    """One grpo run over ``batch`` (Rollouts) with the stage's settings."""
+    from closedloop.training.grpo import train_grpo
+
+    params = ctx.params.train
+    grpo = params.grpo
+    return train_grpo(
+        model, tokenizer, batch, epochs=grpo.epochs, batch_size=params.batch_size, lr=grpo.lr,
+        warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta, scale_advantages=grpo.scale_advantages,
+        negative_weight=grpo.negative_weight, loss=grpo.loss, clip_high=grpo.epsilon_high,
+        max_completion_length=ctx.params.sample.max_new_tokens,
+        temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
+        micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
+        encode_prompt=encode_prompt,
+    )
+
+
+def _stage_rollouts(ctx: StageContext, task_ids: set[str]) -> tuple[list, int, int]:
+    """The sample stage's samples of ``task_ids`` as Rollouts with their shaped rewards; infra errors
+    (neither the model's failure nor its success) left out and counted, and the completions cut at
+    sample.max_new_tokens counted."""
     from closedloop.rewards.shaping import shaped_reward
-    from closedloop.training.grpo import Rollout, train_grpo
+    from closedloop.training.grpo import Rollout
 
     params = ctx.params.train
     prompts = {task.task_id: task.prompt for task in load_tasks(ctx.ws.tasks)}
@@ -279,8 +370,10 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
         sample_id = sample["sample_id"]
         if sample_id not in rewards or sample_id not in rollouts:
             raise StageError(f"{ctx.ws.rewards} / {ctx.ws.rollouts}: no reward or rollout for sample {sample_id}")
+        if sample["task_id"] not in task_ids:
+            continue
         reward = rewards[sample_id]
-        if reward["status"] == "infra_error":  # neither the model's failure nor its success
+        if reward["status"] == "infra_error":
             infra += 1
             continue
         rollout = rollouts[sample_id]
@@ -289,36 +382,32 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
                              token_ids=tuple(rollout["token_ids"]),
                              logprobs=None if rollout.get("logprobs") is None else tuple(rollout["logprobs"]),
                              reward=shaped_reward(reward["reward"], reward["steps"], params.shaping)))
-    grpo = params.grpo
-    stats = train_grpo(
-        model, tokenizer, batch, epochs=grpo.epochs, batch_size=params.batch_size, lr=grpo.lr,
-        warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta, scale_advantages=grpo.scale_advantages,
-        negative_weight=grpo.negative_weight,
-        temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
-        micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
-        encode_prompt=encode_prompt,
-    )
-    if not batch:
-        why = f"no rollouts to train on ({infra} infra errors left out)" if infra else "no rollouts to train on"
-    elif stats.skipped_groups == stats.groups:
-        why = f"no group had a reward spread ({stats.skipped_groups} groups skipped)"
-    else:
-        why = (f"no rollout left to train on ({stats.skipped_groups} of {stats.groups} groups had no reward "
-               "spread; the others only empty completions)")
-    return {"examples": {"rollout": stats.rollouts}, "groups": stats.groups, "skipped_groups": stats.skipped_groups,
-            "infra_errors_left_out": infra, "steps": stats.steps, "tokens": stats.tokens,
-            "tokens_per_s": round(stats.tokens_per_s, 1), "first_loss": stats.first_loss,
-            "final_loss": stats.final_loss, "clip_fraction": round(stats.clip_fraction, 4),
-            "initial_log_ratio": stats.initial_log_ratio, "behaviour_logprobs": stats.behaviour_logprobs,
-            "logprob_delta_mean": stats.logprob_delta_mean, "logprob_delta_max": stats.logprob_delta_max,
-            # What TRL and verl log for GRPO (training/grpo.py); the per-step records go into the
-            # candidate's closedloop_training.json.
-            "frac_reward_zero_std": round(stats.zero_std_share, 6), "advantage_mean": round(stats.advantage_mean, 6),
-            "advantage_std": round(stats.advantage_std, 6),
-            "completion_length_mean": round(stats.completion_length_mean, 2),
-            "truncated_share": round(cut / len(batch), 6) if batch else None,
-            **stats.run_figures(), "steps_log": stats.steps_log,
-            "untrained_reason": why}
+    return batch, infra, cut
+
+
+def _round_rollouts(rows: list[dict], prompts: dict[str, str], params) -> tuple[list, int, int]:
+    """An on-policy round's scored samples (onpolicy.sample_and_score rows) as Rollouts, as above."""
+    from closedloop.rewards.shaping import shaped_reward
+    from closedloop.training.grpo import Rollout
+
+    batch, infra, cut = [], 0, 0
+    for row in rows:
+        if row["status"] == "infra_error":
+            infra += 1
+            continue
+        cut += row["finish_reason"] == "length"
+        batch.append(Rollout(group=row["task_id"], prompt=prompts[row["task_id"]], token_ids=tuple(row["token_ids"]),
+                             logprobs=None if row["logprobs"] is None else tuple(row["logprobs"]),
+                             reward=shaped_reward(row["reward"], row["steps"], params.shaping)))
+    return batch, infra, cut
+
+
+def _round_pass_rates(rows: list[dict]) -> dict[str, float]:
+    """Each on-policy round's share of passing samples: the policy's own pass rate as it trained."""
+    by_round: dict[int, list[bool]] = {}
+    for row in rows:
+        by_round.setdefault(row["round"], []).append(bool(row["passed"]))
+    return {f"round_{number}": round(sum(v) / len(v), 6) for number, v in sorted(by_round.items())}
 
 
 def _file_hash(path) -> str:

@@ -35,7 +35,8 @@ from typing import Any
 
 from closedloop.training.causal_lm import Checkpointing, _batch_indices, _encode_prompt, optimize
 
-ZERO_SPREAD = 1e-6  # a group whose reward standard deviation is below this gives no gradient
+ZERO_SPREAD = 1e-6
+LOSSES = ("dapo", "grpo", "dr_grpo")  # as TRL's GRPOConfig.loss_type names them  # a group whose reward standard deviation is below this gives no gradient
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,45 @@ class GrpoStats:
                 "lr_max": max(r["lr"] for r in log) if log else None}
 
 
+def combine_stats(parts: list[GrpoStats]) -> GrpoStats:
+    """Several grpo runs one after another (on-policy rounds) as one: counts and tokens add up, the step
+    log runs on (steps numbered across runs), shares and means are weighted by what they are shares of
+    (groups, trained rollouts, clipped tokens by tokens)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        raise ValueError("no grpo runs to combine")
+
+    def weighted(key: str, weight: str) -> float:
+        total = sum(getattr(p, weight) for p in parts)
+        return sum(getattr(p, key) * getattr(p, weight) for p in parts) / total if total else 0.0
+
+    log, offset = [], 0
+    for part in parts:
+        log += [{**record, "step": record["step"] + offset} for record in part.steps_log]
+        offset += part.steps
+    losses = [loss for part in parts for loss in part.losses]
+    deltas = [p for p in parts if p.logprob_delta_mean is not None]
+    sources = {p.behaviour_logprobs for p in parts if p.behaviour_logprobs}
+    wall = sum(p.wall_s for p in parts)
+    tokens = sum(p.tokens for p in parts)
+    return GrpoStats(
+        steps=sum(p.steps for p in parts), rollouts=sum(p.rollouts for p in parts),
+        groups=sum(p.groups for p in parts), skipped_groups=sum(p.skipped_groups for p in parts), tokens=tokens,
+        wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
+        clip_fraction=weighted("clip_fraction", "tokens"),
+        initial_log_ratio=max(p.initial_log_ratio for p in parts), losses=losses,
+        behaviour_logprobs=sources.pop() if len(sources) == 1 else "mixed" if sources else "",
+        logprob_delta_mean=(sum(p.logprob_delta_mean * p.rollouts for p in deltas) / max(1, sum(p.rollouts for p in deltas))
+                            if deltas else None),
+        logprob_delta_max=max(p.logprob_delta_max for p in deltas) if deltas else None,
+        zero_std_share=weighted("zero_std_share", "groups"), advantage_mean=weighted("advantage_mean", "rollouts"),
+        advantage_std=weighted("advantage_std", "rollouts"),
+        completion_length_mean=weighted("completion_length_mean", "rollouts"), steps_log=log,
+    )
+
+
 def group_advantages(rewards: list[float], *, scale: bool = True, negative_weight: float = 1.0) -> list[float] | None:
     """(r - mean) / std within one group; None when the rewards have (almost) no spread.
 
@@ -127,6 +167,9 @@ def train_grpo(
     temperature: float,
     scale_advantages: bool = True,
     negative_weight: float = 1.0,
+    loss: str = "dapo",
+    clip_high: float | None = None,
+    max_completion_length: int | None = None,
     seed: int,
     progress: bool = False,
     checkpoint: Checkpointing | None = None,
@@ -137,11 +180,23 @@ def train_grpo(
     """Train ``model`` in place; ``ceil(epochs * usable rollouts / batch_size)`` steps.
 
     ``model`` must be the policy that sampled the rollouts (the champion), untrained since: rollouts
-    without log-probabilities get them from it. ``micro_batch_size``, ``gradient_checkpointing``: see
+    without log-probabilities get them from it.
+
+    ``loss`` is how the per-token objective becomes the batch's loss, as TRL names it: ``dapo`` the mean
+    over every completion token of the batch (long completions weigh by their length), ``grpo`` each
+    completion's token mean, then the mean over completions (the original GRPO; short completions
+    weigh more per token), ``dr_grpo`` the token sum over completions x ``max_completion_length`` (Dr.
+    GRPO: no length normalisation). ``clip_high`` is DAPO's clip-higher: the ratio's upper bound is
+    1 + clip_high (None: 1 + clip), so rare tokens of a better completion can gain more than clip allows. ``micro_batch_size``, ``gradient_checkpointing``: see
     causal_lm.optimize; ``encode_prompt``: see causal_lm.encode_example.
     """
     if temperature <= 0:
         raise ValueError("grpo needs sampled rollouts (temperature > 0): greedy groups have no spread")
+    if loss not in LOSSES:
+        raise ValueError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
+    if loss == "dr_grpo" and not max_completion_length:
+        raise ValueError("loss dr_grpo divides by max_completion_length (sample.max_new_tokens); none given")
+    upper = clip if clip_high is None else clip_high
     groups: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
         groups.setdefault(rollout.group, []).append(rollout)
@@ -221,29 +276,37 @@ def train_grpo(
         logp, entropy = _token_logprobs(model, input_ids, attention, temperature, entropy=True)  # (B, T-1) each
         log_ratio = (logp - old) * mask
         ratio = torch.exp(log_ratio)
-        objective = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + clip) * advantage)
+        objective = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + upper) * advantage)
         per_token = -objective
         if beta:
             # k3 estimator of KL(policy || sampling policy): non-negative, unbiased on policy samples.
             per_token = per_token + beta * (torch.exp(-log_ratio) + log_ratio - 1)
-        # The batch's token mean; a micro-batch's token sum over the whole batch's completion tokens.
-        loss = (per_token * mask).sum() / (mask.sum() if denominator is None else denominator)
+        # dapo: the batch's token mean; grpo, dr_grpo: the mean over completions of each one's token mean,
+        # or token sum / max_completion_length. A micro-batch divides by the whole batch's count.
+        if loss == "dapo":
+            weights, count = mask, mask.sum()
+        elif loss == "grpo":
+            weights, count = mask / mask.sum(1, keepdim=True).clamp(min=1), len(batch)
+        else:
+            weights, count = mask / max_completion_length, len(batch)
+        batch_loss = (per_token * weights).sum() / (count if denominator is None else denominator)
         with torch.no_grad():
-            outside = ((ratio < 1 - clip) | (ratio > 1 + clip)).float() * mask
+            outside = ((ratio < 1 - clip) | (ratio > 1 + upper)).float() * mask
             clipped += int(outside.sum())
             counted += int(mask.sum())
             step_sums["tokens"] += float(mask.sum())
             step_sums["clip_low"] += float((((ratio < 1 - clip) & (advantage < 0)).float() * mask).sum())
-            step_sums["clip_high"] += float((((ratio > 1 + clip) & (advantage > 0)).float() * mask).sum())
+            step_sums["clip_high"] += float((((ratio > 1 + upper) & (advantage > 0)).float() * mask).sum())
             step_sums["kl"] += float(((torch.exp(-log_ratio) + log_ratio - 1) * mask).sum())
             step_sums["entropy"] += float((entropy * mask).sum())
             if not initial:
                 initial.append(float(log_ratio.abs().max()))
-        return loss, int(attention.sum())
+        return batch_loss, int(attention.sum())
 
     losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
                               checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
-                              loss_tokens=lambda indices: sum(len(rows[i][1]) for i in indices),
+                              loss_tokens=(lambda indices: sum(len(rows[i][1]) for i in indices)) if loss == "dapo"
+                              else len,
                               gradient_checkpointing=gradient_checkpointing, dropout=False,
                               log=(steps_log := []), step_figures=step_figures)
     wall = time.perf_counter() - started

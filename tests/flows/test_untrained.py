@@ -45,7 +45,7 @@ def test_the_iteration_says_why_and_registers_nothing(untrained):
 
 
 def test_the_stage_and_the_gate_record_it(untrained):
-    from closedloop.stages.train import TRAINING_FILE
+    from closedloop.training.candidate_record import TRAINING_FILE
     from closedloop.workspace import Workspace
 
     root, _ = untrained

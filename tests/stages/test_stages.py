@@ -275,7 +275,7 @@ def _mode_copy(done, tmp_path, name: str, **train) -> Workspace:
 
 
 def _training_record(ws: Workspace) -> dict:
-    from closedloop.stages.train import TRAINING_FILE
+    from closedloop.training.candidate_record import TRAINING_FILE
 
     return json.loads((ws.candidate / TRAINING_FILE).read_text())
 
@@ -422,3 +422,62 @@ def test_a_regressed_group_is_measured_again_on_its_own_tasks_and_the_gate_says_
     run_stage("evaluate", off.root)
     assert "confirmation" not in read_json(off.evaluation)
     assert stage_result(off.root, "evaluate")["confirmed_groups"] == 0
+
+
+def _grpo_rounds_copy(done, tmp_path, name: str, **grpo) -> Workspace:
+    return _mode_copy(done, tmp_path, name, mode="grpo", checkpoint_every=2, grpo={"rounds": 2, **grpo})
+
+
+def test_grpo_rounds_sample_the_later_parts_from_the_policy_being_trained(done, tmp_path):
+    """train.grpo.rounds 2: the first half of the tasks trains on the sample stage's samples, the other half
+    is sampled from the policy after round 1 and scored by the reward stage's sources; those samples are
+    the stage's output, and the same inputs give the same bytes."""
+    from closedloop.models.loading import model_fingerprint
+    from closedloop.stages.onpolicy import round_parts
+
+    ws = _grpo_rounds_copy(done, tmp_path, "grpo-rounds")
+    metrics = run_stage("train", ws.root)
+    params = load_params(ws.root)
+    tasks = [t["task_id"] for t in read_jsonl(ws.tasks)]
+    first, second = round_parts(tasks, 2, params.stage_seed("train"))
+    assert set(first).isdisjoint(second) and sorted(first + second) == sorted(tasks)
+    rows = read_jsonl(ws.train_rounds)
+    assert len(rows) == len(second) * params.sample.k
+    assert {r["task_id"] for r in rows} == set(second) and {r["round"] for r in rows} == {2}
+    assert all(r["token_ids"] and r["status"] and 0.0 <= r["reward"] <= 1.0 and "steps" in r for r in rows)
+    # the rewards are the reward stage's for the same completions (same sources, same weights)
+    stage_reward = {(s["task_id"], s["completion"]): r["reward"]
+                    for s, r in zip(read_jsonl(ws.samples), read_jsonl(ws.rewards))}
+    shared = [(r["task_id"], r["completion"]) for r in rows if (r["task_id"], r["completion"]) in stage_reward]
+    assert all(stage_reward[key] == next(r["reward"] for r in rows if (r["task_id"], r["completion"]) == key)
+               for key in shared)
+    assert metrics["rounds"] == 2 and metrics["rounds_resumed"] == 0 and "round_2" in metrics["round_pass_rates"]
+    assert metrics["groups"] == len(tasks)  # both rounds' groups
+    log = _training_record(ws)["steps_log"]
+    assert [r["step"] for r in log] == list(range(1, metrics["steps"] + 1))
+    assert not (ws.candidate.with_name("candidate.checkpoint") / "rounds").exists()
+    candidate, written = model_fingerprint(ws.candidate), ws.train_rounds.read_bytes()
+    run_stage("train", ws.root)
+    assert model_fingerprint(ws.candidate) == candidate and ws.train_rounds.read_bytes() == written
+
+
+def test_grpo_rounds_killed_between_rounds_resume_to_the_uninterrupted_result(done, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from closedloop.models.loading import model_fingerprint
+
+    whole = _grpo_rounds_copy(done, tmp_path, "grpo-rounds-whole")
+    run_stage("train", whole.root)
+    ws = _grpo_rounds_copy(done, tmp_path, "grpo-rounds-killed")
+    killed = subprocess.run([sys.executable, "-m", "closedloop.cli", "stage", "train", "--workspace", str(ws.root)],
+                            env={**os.environ, "CLOSEDLOOP_FAULT": "train:round"}, start_new_session=True,
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (ws.candidate.with_name("candidate.checkpoint") / "rounds" / "round-1").is_dir()
+    metrics = run_stage("train", ws.root)
+    assert metrics["rounds_resumed"] == 1
+    assert model_fingerprint(ws.candidate) == model_fingerprint(whole.candidate)
+    assert ws.train_rounds.read_bytes() == whole.train_rounds.read_bytes()
+    assert _training_record(ws)["steps_log"] == _training_record(whole)["steps_log"]

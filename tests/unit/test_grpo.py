@@ -386,3 +386,104 @@ def test_policy_ratios_are_taken_with_dropout_off(tokenizer, gradient_checkpoint
     batches = -(-len(rollouts) // GRPO["batch_size"])  # the pre-pass runs in training-sized batches
     assert len(calls) == batches + (2 if gradient_checkpointing else 1)
     assert not model.training and not any(m.training for m in model.modules())
+
+
+class TestRounds:
+    """On-policy rounds (train.grpo.rounds): the batch's tasks in parts, the runs' figures as one."""
+
+    def test_the_parts_cover_every_task_once_in_near_equal_sizes_and_mix_the_order(self):
+        from closedloop.stages.onpolicy import round_parts
+
+        tasks = [f"code-{i:03d}" for i in range(50)] + [f"rules-{i:03d}" for i in range(50)]
+        parts = round_parts(tasks, 3, seed=7)
+        assert sorted(t for part in parts for t in part) == sorted(tasks)
+        assert [len(part) for part in parts] == [33, 33, 34]
+        assert all(any(t.startswith("rules") for t in part) and any(t.startswith("code") for t in part)
+                   for part in parts)  # the tasks file is ordered by environment; every part holds both
+        assert parts == round_parts(tasks, 3, seed=7) and parts != round_parts(tasks, 3, seed=8)
+        assert sorted(round_parts(tasks, 1, seed=7)[0]) == sorted(tasks)
+
+    def test_two_runs_combine_into_one_run_s_figures(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        from closedloop.training.grpo import combine_stats
+
+        model, rollouts = policy
+        half = len(rollouts) // 2
+        trained = copy.deepcopy(model)
+        first = train_grpo(trained, tokenizer, rollouts[:half], **GRPO)
+        second = train_grpo(trained, tokenizer, rollouts[half:], **GRPO)
+        both = combine_stats([first, second])
+        assert combine_stats([first]) is first
+        assert both.steps == first.steps + second.steps and both.tokens == first.tokens + second.tokens
+        assert both.groups == first.groups + second.groups
+        assert both.skipped_groups == first.skipped_groups + second.skipped_groups
+        assert both.zero_std_share == pytest.approx(both.skipped_groups / both.groups)
+        assert [r["step"] for r in both.steps_log] == list(range(1, both.steps + 1))
+        assert [r["loss"] for r in both.steps_log] == first.losses + second.losses == both.losses
+        assert both.first_loss == first.first_loss and both.final_loss == second.final_loss
+        assert min(first.clip_fraction, second.clip_fraction) <= both.clip_fraction <= max(
+            first.clip_fraction, second.clip_fraction)
+        with pytest.raises(ValueError, match="no grpo runs"):
+            combine_stats([])
+
+
+class TestLossPresets:
+    """train.grpo.loss as TRL names it, and clip-higher (epsilon_high)."""
+
+    @staticmethod
+    def _trained(rollouts) -> list[tuple[float, int]]:
+        """(advantage, completion length) of every rollout a run trains on: groups with a spread."""
+        from closedloop.training.grpo import group_advantages
+
+        groups: dict = {}
+        for r in rollouts:
+            groups.setdefault(r.group, []).append(r)
+        trained = []
+        for members in groups.values():
+            advantages = group_advantages([r.reward for r in members])
+            if advantages:
+                trained += [(a, len(r.token_ids)) for r, a in zip(members, advantages) if r.token_ids]
+        return trained
+
+    def _first_step(self, policy, tokenizer, **settings):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        # one step over every trained rollout once: the policy is the sampling policy, so each token's
+        # objective is its advantage (ratio 1) and the loss is only how the presets weigh tokens
+        return train_grpo(copy.deepcopy(model), tokenizer, rollouts,
+                          **{**GRPO, "epochs": 1, "batch_size": len(self._trained(rollouts)), **settings})
+
+    def test_each_preset_weighs_the_tokens_as_it_says(self, policy, tokenizer):  # noqa: F811
+        trained = self._trained(policy[1])
+        longest = 16
+        dapo = self._first_step(policy, tokenizer, loss="dapo")
+        grpo = self._first_step(policy, tokenizer, loss="grpo")
+        dr = self._first_step(policy, tokenizer, loss="dr_grpo", max_completion_length=longest)
+        tokens = sum(n for _, n in trained)
+        assert dapo.first_loss == pytest.approx(-sum(a * n for a, n in trained) / tokens, abs=1e-5)
+        assert grpo.first_loss == pytest.approx(-sum(a for a, _ in trained) / len(trained), abs=1e-5)
+        assert dr.first_loss == pytest.approx(-sum(a * n for a, n in trained) / (len(trained) * longest), abs=1e-5)
+
+    def test_micro_batches_give_the_full_batch_loss_for_every_preset(self, policy, tokenizer):  # noqa: F811
+        for loss in ("grpo", "dr_grpo"):
+            whole = self._first_step(policy, tokenizer, loss=loss, max_completion_length=16)
+            parts = self._first_step(policy, tokenizer, loss=loss, max_completion_length=16, micro_batch_size=7)
+            assert parts.first_loss == pytest.approx(whole.first_loss, abs=1e-5)
+
+    def test_clip_higher_raises_only_the_upper_bound(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, rollouts = policy
+        default = train_grpo(copy.deepcopy(model), tokenizer, rollouts, **GRPO)
+        higher = train_grpo(copy.deepcopy(model), tokenizer, rollouts, **GRPO, clip_high=0.9)
+        assert default.steps_log[0]["clip_high"] == higher.steps_log[0]["clip_high"] == 0
+        assert sum(r["clip_high"] for r in higher.steps_log) < sum(r["clip_high"] for r in default.steps_log)
+
+    def test_unknown_presets_and_a_dr_grpo_without_a_length_are_refused(self, policy, tokenizer):  # noqa: F811
+        model, rollouts = policy
+        with pytest.raises(ValueError, match="loss 'ppo': expected one of dapo, grpo, dr_grpo"):
+            train_grpo(model, tokenizer, rollouts, **GRPO, loss="ppo")
+        with pytest.raises(ValueError, match="max_completion_length"):
+            train_grpo(model, tokenizer, rollouts, **GRPO, loss="dr_grpo")

@@ -158,7 +158,7 @@ class TestOneCopy:
 
         # iteration 1: train writes the candidate, promote makes it the next champion, close_loop the champion
         save_like_a_stage(root / paths.CANDIDATE, seed=1)
-        commit_stage(root, "train")
+        commit_stage(root, "train", {paths.TRAIN_ROUNDS: []})
         write_json(ws.gate, {"promote": True})
         commit_stage(root, "gate")
         run_recorded("promote", root, load_params(root))
