@@ -132,7 +132,11 @@ class ExtractEnvParams(EnvParams):
 
 
 class RulesEnvParams(EnvParams):
-    pass
+    show_work: bool = Field(
+        False,
+        description="References show each rule's comparison before its answer ('R1: age 52 is not <= 30: no'), so the "
+                    "policy learns to look the attribute up before it compares; the verifier reads both forms.",
+    )
 
 
 class CustomEnvParams(EnvParams):

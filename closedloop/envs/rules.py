@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from closedloop.config import RulesEnvParams
 
 COMPONENTS = ("format", "steps", "decision")
-RULE_LINE = "{id}: (yes|no)"
+# "R1: yes", or with the work shown (rules.show_work): "R1: age 52 is not <= 30: no"; only the last word is read.
+RULE_LINE = "{id}: (?:[^\\n]*: )?(yes|no)"
 DECISION_LINE = r"decision: (\S+)"
 _MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say a family's space is exhausted
 
@@ -216,7 +217,9 @@ class RulesEnv(BaseEnvironment):
 
     def _build(self, kind: str, spec: dict, chain: Chain, key: str, split: str) -> Task:
         family = FAMILIES[kind]
-        answers = [f"{rule['id']}: {RuleEngine.word(truth)}" for rule, truth in zip(spec["rules"], chain.conclusions)]
+        work = getattr(self.params, "show_work", False)
+        answers = [f"{rule['id']}: {reason + ': ' if work else ''}{RuleEngine.word(truth)}"
+                   for rule, truth, reason in zip(spec["rules"], chain.conclusions, chain.reasons)]
         return Task(
             task_id=f"{self.name}/{split}/{family.slice}/{key[:10]}",
             env=self.name,

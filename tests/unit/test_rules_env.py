@@ -323,3 +323,32 @@ class TestChatReplies:
         assert verdict.feedback == "extract: no 'R1: yes|no' or 'decision: ...' line in the reply"
         assert verdict.components == {name: 0.0 for name in COMPONENTS}
         assert verdict.steps["extract"] is False and not any(verdict.steps.values())
+
+
+class TestShowWork:
+    """envs.rules.show_work: references that show each rule's comparison before its answer."""
+
+    @pytest.fixture(scope="class")
+    def worked(self) -> list[Task]:
+        return RulesEnv(RulesEnvParams(show_work=True)).generate(200, seed=3, split="train")
+
+    def test_the_work_is_the_rule_s_reason_and_the_answer_is_unchanged(self, env, worked):
+        plain = env.generate(200, seed=3, split="train")
+        assert [t.task_id for t in plain] == [t.task_id for t in worked]  # the same tasks, only the reference
+        for bare, shown in zip(plain, worked):
+            chain = RuleEngine.evaluate(shown.checks["spec"])
+            work_lines, bare_lines = lines(shown), lines(bare)
+            assert work_lines[-1] == bare_lines[-1]  # the decision
+            for line, reason, answer in zip(work_lines, chain.reasons, bare_lines):
+                rule_id, word = answer.split(": ")
+                assert line == f"{rule_id}: {reason}: {word}"
+
+    def test_both_forms_pass_and_only_the_last_word_counts(self, env, worked):
+        for verdict in env.verify_batch(worked, [t.reference for t in worked]):
+            assert verdict.passed and verdict.components == {"format": 1.0, "steps": 1.0, "decision": 1.0}
+        for task in worked[:50]:
+            ref = lines(task)
+            work, _, word = ref[0].rpartition(": ")
+            wrong = [f"{work}: {'no' if word == 'yes' else 'yes'}"] + ref[1:]  # the work kept, the answer flipped
+            verdict = env.verify(task, "\n".join(wrong) + "\n")
+            assert not verdict.passed and verdict.failed_step == ref[0].split(":")[0]
