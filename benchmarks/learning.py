@@ -60,14 +60,20 @@ def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
         "train_seconds": timing["seconds"],
         # The groups the gate would have held for at the first evaluation, measured again (gate.confirm_samples).
         "measured_again": sorted((gate.get("confirmation") or {}).get("groups", {})),
+        # grpo: the trainer's figures (on-policy rounds: each round's own pass rate as the policy trained)
+        **({key: train.get(key) for key in ("rounds", "round_pass_rates", "kl_last", "clip_low", "clip_high",
+                                            "entropy_first", "entropy_last", "frac_reward_zero_std")}
+           if train.get("mode") == "grpo" else {}),
     }
 
 
 def describe(row: dict, warm: dict) -> str:
     gain = (row["champion"]["overall"] - warm["overall"]) * 100
     envs = " ".join(f"{env} {value:.3f}" for env, value in row["champion"].items() if env != "overall")
-    extra = (f"skipped groups {row['skipped_groups']}/{row['groups']}" if row["mode"] == "grpo"
+    extra = (f"skipped groups {row['skipped_groups']}/{row['groups']}, KL last {row['kl_last']}" if row["mode"] == "grpo"
              else f"trained on {row['trained_on']}")
+    if row.get("round_pass_rates"):
+        extra += " rounds' pass rates " + " ".join(f"{v:.3f}" for v in row["round_pass_rates"].values())
     again = f"measured again: {', '.join(row['measured_again'])} | " if row.get("measured_again") else ""
     return (f"{row['mode']:<5} it {row['iteration']}  champion {row['champion']['overall']:.3f} ({gain:+.1f} pp)  "
             f"candidate {row['candidate']['overall']:.3f}  {'promoted' if row['promoted'] else 'held'}  | {envs} | "

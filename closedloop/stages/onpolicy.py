@@ -56,7 +56,7 @@ def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, 
     from closedloop.sampling.shards import sample_sharded
 
     settings = ctx.params.sample
-    with open_executor(ctx.params) as executor:
+    with open_executor(executor_params(ctx.params)) as executor:
         try:
             sampled = sample_sharded(executor, ctx.params, policy_dir, [task.prompt for task in tasks],
                                      [task.task_id for task in tasks], k=settings.k, seed=seed,
@@ -71,7 +71,7 @@ def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, 
                                 "completion": sample.text, "finish_reason": sample.finish_reason})
                 rollouts.append({"token_ids": list(sample.token_ids),
                                  "logprobs": None if sample.logprobs is None else [round(lp, 6) for lp in sample.logprobs]})
-        with ShardedVerifiers(ctx.params, executor) as verifiers:
+        with ShardedVerifiers(executor_params(ctx.params), executor) as verifiers:
             verifiers.prefetch((s["env"], task, s["completion"])
                                for task, s in zip((t for t in tasks for _ in range(settings.k)), samples))
             try:
@@ -82,6 +82,26 @@ def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, 
     return [{**sample, **rollout, "reward": reward["reward"], "passed": reward["passed"], "status": reward["status"],
              "steps": reward["steps"]}
             for sample, rollout, reward in zip(samples, rollouts, rewards)]
+
+
+def executor_params(params: Any) -> Any:
+    """Where the rounds sample and score: on ``execution.backend``, except inside a Ray task (the train
+    stage on a Ray worker), where they use local processes on that worker. The train task holds its CPUs
+    while the rounds run, and the samplers and sandbox actors they would ask for on top of it may never
+    fit a small cluster: waiting for them would hang the stage."""
+    if params.execution.backend != "ray" or not _in_ray_task():
+        return params
+    return params.model_copy(update={"execution": params.execution.model_copy(update={"backend": "local"})})
+
+
+def _in_ray_task() -> bool:
+    import sys
+
+    if "ray" not in sys.modules:  # never imported: not on a Ray worker
+        return False
+    from ray._private import worker
+
+    return worker.global_worker.mode == worker.WORKER_MODE
 
 
 class RoundStore:

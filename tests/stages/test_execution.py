@@ -230,3 +230,21 @@ def test_the_stage_command_joins_a_cluster_by_its_address(warm, local_ws, local_
     # The benchmark sampled and verified in shards on the cluster: the same passes, task by task.
     evaluated, local = (read_json(Workspace.at(root).evaluation) for root in (where, local_ws))
     assert {role: evaluated[role]["per_task"] for role in evaluated} == {role: local[role]["per_task"] for role in local}
+
+
+def test_grpo_rounds_inside_a_ray_task_sample_and_score_on_that_worker(ray_cluster):
+    """The train stage runs as a Ray task holding its CPUs; its on-policy rounds must not ask the cluster
+    for sampler and sandbox actors that may never fit beside it (a hang), so there they run locally."""
+    import ray
+
+    from closedloop.config import parse_params
+    from closedloop.stages.onpolicy import executor_params
+
+    params = parse_params({"execution": {"backend": "ray"}}, "test")
+    assert executor_params(params).execution.backend == "ray"  # the driver: the cluster serves the rounds
+
+    @ray.remote(num_cpus=1)
+    def inside(dumped: dict) -> str:
+        return executor_params(parse_params(dumped, "test")).execution.backend
+
+    assert ray.get(inside.remote(params.model_dump(mode="json"))) == "local"
