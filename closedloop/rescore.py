@@ -42,6 +42,17 @@ class StoredBatch:
     samples: list[dict]
     rewards_text: str  # data/batch/rewards.jsonl, exactly as stored
     labels_text: str  # data/labels/human.jsonl ("" where the experiment recorded none)
+    # grpo's on-policy rounds (data/batch/train_rounds.jsonl): samples the train stage drew and scored,
+    # each with its reward row under "scored"; [] where the experiment has none
+    rounds: tuple[dict, ...] = ()
+
+    def rounds_batch(self) -> "StoredBatch | None":
+        """The rounds' samples and their stored reward rows as a batch of their own (None when none)."""
+        if not self.rounds:
+            return None
+        samples = [{key: row[key] for key in SAMPLE_FIELDS} for row in self.rounds]
+        return StoredBatch(f"{self.experiment} (train rounds)", self.rev, self.tasks, samples,
+                           jsonl_bytes(row["scored"] for row in self.rounds).decode("utf-8"), self.labels_text)
 
 
 def newest_per_iteration(root: Path | str) -> dict[int, str]:
@@ -73,7 +84,15 @@ def read_stored_batch(root: Path | str, experiment: str) -> StoredBatch:
     if unknown:
         raise RescoreError(f"experiment {experiment!r}, {paths.SAMPLES}: samples for tasks not in "
                            f"{paths.TASKS}: {unknown[:3]}")
-    return StoredBatch(experiment, rev, tasks, samples, texts[paths.REWARDS], labels)
+    rounds: list[dict] = []
+    if dvc.locate(paths.TRAIN_ROUNDS, experiment):
+        rounds = _rows(dvc.read_at(paths.TRAIN_ROUNDS, experiment), experiment, paths.TRAIN_ROUNDS,
+                       (*SAMPLE_FIELDS, "scored"))
+        unknown = sorted({r["task_id"] for r in rounds} - set(tasks))
+        if unknown:
+            raise RescoreError(f"experiment {experiment!r}, {paths.TRAIN_ROUNDS}: samples for tasks not in "
+                               f"{paths.TASKS}: {unknown[:3]}")
+    return StoredBatch(experiment, rev, tasks, samples, texts[paths.REWARDS], labels, tuple(rounds))
 
 
 def _rows(text: str, experiment: str, relative: str, required: Iterable[str] = ()) -> list[dict]:
@@ -187,12 +206,21 @@ def source_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, dict[s
 
 def rescore(root: Path | str, params: Any, experiments: list[str], env: str | None = None) -> list[dict]:
     """A diff report per experiment, in order, each batch scored with ``params``' sources (one set of
-    sandbox pools for all). Every batch is read before the first is scored, so a bad name fails at once."""
+    sandbox pools for all). Every batch is read before the first is scored, so a bad name fails at once.
+    A batch whose train stage ran grpo's on-policy rounds has their samples re-scored too, reported
+    under "train_rounds" (stored reward rows against today's, as for rewards.jsonl)."""
     from closedloop.rewards.pools import EnvPools
 
     batches = [read_stored_batch(root, name) for name in experiments]
+    reports = []
     with EnvPools(params) as verifiers:
-        return [diff_report(batch, rescore_rows(params, batch, verifiers, env), env) for batch in batches]
+        for batch in batches:
+            report = diff_report(batch, rescore_rows(params, batch, verifiers, env), env)
+            rounds = batch.rounds_batch()
+            if rounds is not None and (env is None or any(s["env"] == env for s in rounds.samples)):
+                report["train_rounds"] = diff_report(rounds, rescore_rows(params, rounds, verifiers, env), env)
+            reports.append(report)
+    return reports
 
 
 # -- which stored batches today's verifiers would score differently (closedloop status) -------------
@@ -259,6 +287,11 @@ def report_text(report: dict[str, Any]) -> str:
     for algorithm in ("sha256", "md5"):
         lines.append(f"  rewards.jsonl {algorithm:<6} stored {hashes[algorithm]['stored']}  "
                      f"rescored {hashes[algorithm]['rescored']}  ({same})")
+    rounds = report.get("train_rounds")
+    if rounds:
+        lines.append(f"  train rounds (grpo on-policy): {rounds['samples']} samples, {rounds['changed_reward']} changed "
+                     f"reward, {rounds['changed_verdict']} changed verdict; their reward rows "
+                     f"{'identical' if rounds['hashes']['identical'] else 'different'}")
     return "\n".join(lines)
 
 

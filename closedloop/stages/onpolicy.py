@@ -45,8 +45,8 @@ def round_parts(task_ids: list[str], rounds: int, seed: int) -> list[list[str]]:
 def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, round_number: int,
                      seed: int) -> list[dict]:
     """k samples per task from the policy saved in ``policy_dir``, each scored as the reward stage
-    scores the batch: one row per sample with its tokens, log-probabilities, reward, status and step
-    signals (the train_rounds.jsonl rows)."""
+    scores the batch: one row per sample with its tokens, log-probabilities and, under "scored", its
+    rewards.jsonl row (the train_rounds.jsonl rows)."""
     from closedloop.execution.factory import open_executor
     from closedloop.rewards.feedback import FeedbackSourceError
     from closedloop.rewards.human import LabelsError
@@ -79,9 +79,9 @@ def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, 
                                          verifiers, ctx.ws.human_labels)
             except (LabelsError, FeedbackSourceError) as error:
                 raise StageError(f"train round {round_number}: {error}") from None
-    return [{**sample, **rollout, "reward": reward["reward"], "passed": reward["passed"], "status": reward["status"],
-             "steps": reward["steps"]}
-            for sample, rollout, reward in zip(samples, rollouts, rewards)]
+    # "scored": the reward stage's row for the sample, whole (components, sources and versions), so
+    # `closedloop rescore` puts today's verifiers beside it as it does for rewards.jsonl.
+    return [{**sample, **rollout, "scored": reward} for sample, rollout, reward in zip(samples, rollouts, rewards)]
 
 
 def executor_params(params: Any) -> Any:

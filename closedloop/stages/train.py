@@ -392,13 +392,14 @@ def _round_rollouts(rows: list[dict], prompts: dict[str, str], params) -> tuple[
 
     batch, infra, cut = [], 0, 0
     for row in rows:
-        if row["status"] == "infra_error":
+        scored = row["scored"]
+        if scored["status"] == "infra_error":
             infra += 1
             continue
         cut += row["finish_reason"] == "length"
         batch.append(Rollout(group=row["task_id"], prompt=prompts[row["task_id"]], token_ids=tuple(row["token_ids"]),
                              logprobs=None if row["logprobs"] is None else tuple(row["logprobs"]),
-                             reward=shaped_reward(row["reward"], row["steps"], params.shaping)))
+                             reward=shaped_reward(scored["reward"], scored["steps"], params.shaping)))
     return batch, infra, cut
 
 
@@ -406,7 +407,7 @@ def _round_pass_rates(rows: list[dict]) -> dict[str, float]:
     """Each on-policy round's share of passing samples: the policy's own pass rate as it trained."""
     by_round: dict[int, list[bool]] = {}
     for row in rows:
-        by_round.setdefault(row["round"], []).append(bool(row["passed"]))
+        by_round.setdefault(row["round"], []).append(bool(row["scored"]["passed"]))
     return {f"round_{number}": round(sum(v) / len(v), 6) for number, v in sorted(by_round.items())}
 
 

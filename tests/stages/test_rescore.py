@@ -83,6 +83,9 @@ def terse_params(max_chars: int | None = None) -> dict:
     options = {} if max_chars is None else {"max_chars": max_chars}
     data["envs"]["custom"] = {"terse": {"entry": f"{MODULE}:TerseEnv", "share": 1.0, "options": options,
                                         "benchmark": {"core": 2, "edge": 1, "failure_modes": 1}}}
+    # grpo with on-policy rounds: the train stage samples and scores half the tasks itself, and those
+    # reward rows are re-scored beside rewards.jsonl's
+    data.setdefault("train", {}).update({"mode": "grpo", "grpo": {"rounds": 2}})
     return data
 
 
@@ -182,6 +185,10 @@ def test_unchanged_verifiers_change_nothing_and_the_hashes_match(ws, capsys, tmp
     assert snapshot(root) == before  # nothing in the workspace, its DVC records or cache written
     labelled = [row for row in stored(root, name, paths.REWARDS) if "human" in row["components"]]
     assert len(labelled) == 1  # the label the batch saw is in the rows rescore matched byte for byte
+    rounds = report["train_rounds"]  # the train stage's own samples (grpo rounds), scored again alike
+    assert rounds["samples"] == len(stored(root, name, paths.TRAIN_ROUNDS)) > 0
+    assert rounds["changed_reward"] == rounds["changed_verdict"] == 0 and rounds["hashes"]["identical"]
+    assert f"train rounds (grpo on-policy): {rounds['samples']} samples, 0 changed reward" in text
 
     # --all: every stored iteration, here the one.
     code, _, _ = rescore(root, capsys, "--all", "--out", str(out))
@@ -222,6 +229,9 @@ def test_a_stricter_check_names_the_samples_it_changed_and_status_names_the_batc
     assert report["sources"]["changed"]["verifier:terse"] == [sorted(old_version), [new_version]]
     assert set(report["sources"]["changed"]) == {"verifier:terse", "component:terse/said"}
     assert not report["hashes"]["identical"]
+    round_rows = [r for r in stored(root, name, paths.TRAIN_ROUNDS) if r["env"] == "terse"]
+    expected_rounds = sum(r["scored"]["passed"] and len(r["completion"].strip()) > limit for r in round_rows)
+    assert report["train_rounds"]["envs"]["terse"]["changed_verdict"] == expected_rounds
     for e in examples:  # the labelled sample's reward is 0.5 (verifier 1, human 0) before, not 1
         assert f"{e['sample_id']}: reward {e['reward'][0]:.3f} -> 0.000, passed (passed) -> not passed (failed)" in text
     assert "verifier:terse" in text

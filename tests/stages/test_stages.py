@@ -444,13 +444,17 @@ def test_grpo_rounds_sample_the_later_parts_from_the_policy_being_trained(done, 
     rows = read_jsonl(ws.train_rounds)
     assert len(rows) == len(second) * params.sample.k
     assert {r["task_id"] for r in rows} == set(second) and {r["round"] for r in rows} == {2}
-    assert all(r["token_ids"] and r["status"] and 0.0 <= r["reward"] <= 1.0 and "steps" in r for r in rows)
-    # the rewards are the reward stage's for the same completions (same sources, same weights)
-    stage_reward = {(s["task_id"], s["completion"]): r["reward"]
-                    for s, r in zip(read_jsonl(ws.samples), read_jsonl(ws.rewards))}
-    shared = [(r["task_id"], r["completion"]) for r in rows if (r["task_id"], r["completion"]) in stage_reward]
-    assert all(stage_reward[key] == next(r["reward"] for r in rows if (r["task_id"], r["completion"]) == key)
-               for key in shared)
+    assert all(r["token_ids"] and r["scored"]["sample_id"] == r["sample_id"] and 0.0 <= r["scored"]["reward"] <= 1.0
+               for r in rows)
+    # scored as the reward stage scores: the same row fields, sources and versions, and the same reward
+    # for a completion the sample stage drew too
+    stage_rows = read_jsonl(ws.rewards)
+    assert {key for r in rows for key in r["scored"]} == {key for r in stage_rows for key in r}
+    stage_row_of_env = {r["env"]: r for r in stage_rows}
+    assert all(r["scored"]["feedback_sources"] == stage_row_of_env[r["env"]]["feedback_sources"] for r in rows)
+    stage_reward = {(s["task_id"], s["completion"]): r["reward"] for s, r in zip(read_jsonl(ws.samples), stage_rows)}
+    for row in rows:
+        assert stage_reward.get((row["task_id"], row["completion"]), row["scored"]["reward"]) == row["scored"]["reward"]
     assert metrics["rounds"] == 2 and metrics["rounds_resumed"] == 0 and "round_2" in metrics["round_pass_rates"]
     assert metrics["groups"] == len(tasks)  # both rounds' groups
     log = _training_record(ws)["steps_log"]
