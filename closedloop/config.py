@@ -358,6 +358,11 @@ class ShapingParams(_Section):
     steps: dict[str, float] = Field(
         default_factory=dict, description="Extra weight per named step signal, e.g. {runs: 0.1}; any environment's names.",
     )
+    base: Literal["combined", "passed"] = Field(
+        "combined",
+        description="What the shaped reward starts from: combined, the environment's weighted components (partial "
+                    "credit included); passed, 1 when the verifier passed the sample, else 0 (the verdict rft keeps).",
+    )
 
 
 class GrpoParams(_Section):

@@ -38,14 +38,20 @@ def progress(steps: Mapping[str, Any]) -> float:
     return sum(values.values()) / len(values) if values else 0.0
 
 
-def shaped_reward(reward: float, steps: Mapping[str, Any], shaping: Any) -> float:
-    """``reward + shaping.progress * progress(steps) + sum(shaping.steps[name] * value(name))``.
+def shaped_reward(reward: float, steps: Mapping[str, Any], shaping: Any, passed: bool | None = None) -> float:
+    """``base + shaping.progress * progress(steps) + sum(shaping.steps[name] * value(name))``, where the
+    base is ``reward`` (shaping.base combined) or 1/0 for ``passed`` (shaping.base passed).
 
     ``shaping`` is a :class:`closedloop.config.ShapingParams`. Only differences within a group matter
     to GRPO, so the shaped reward need not stay in [0, 1].
     """
     values = step_values(steps)
-    total = float(reward)
+    if getattr(shaping, "base", "combined") == "passed":
+        if passed is None:
+            raise ValueError("shaping.base is passed but the sample's verdict was not given")
+        total = float(bool(passed))
+    else:
+        total = float(reward)
     if shaping.progress:
         total += shaping.progress * (sum(values.values()) / len(values) if values else 0.0)
     for name, weight in shaping.steps.items():

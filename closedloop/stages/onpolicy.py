@@ -118,7 +118,7 @@ class RoundStore:
         return self.directory / "rounds" / f"round-{number}"
 
     def save(self, number: int, model: Any, tokenizer: Any, settings: Any, prompt_record: dict, figures: dict,
-             rows: list[dict]) -> Path:
+             rows: list[dict], carry: Any = None) -> Path:
         """Save round ``number``'s policy and record; written to a staging directory and renamed, so a
         kill leaves either the whole round or none of it."""
         import torch
@@ -131,7 +131,8 @@ class RoundStore:
         shutil.rmtree(staging, ignore_errors=True)
         save_policy(model, tokenizer, staging)
         save_settings(staging, settings, prompt_record)
-        torch.save(model.state_dict(), staging / STATE_FILE)
+        torch.save({"model": model.state_dict(), "carry": None if carry is None else carry.state()},
+                   staging / STATE_FILE)
         write_jsonl(staging / "samples.jsonl", rows)
         (staging / ROUND_FILE).write_text(json.dumps({"identity": self.identity, "figures": figures}, default=str))
         shutil.rmtree(target, ignore_errors=True)
@@ -139,9 +140,11 @@ class RoundStore:
         fault_point("train:round")  # tests kill the stage here, between two rounds
         return target
 
-    def load(self, number: int, model: Any) -> tuple[dict, list[dict]] | None:
+    def load(self, number: int, model: Any, carry: Any = None, lr: float = 0.0,
+             warmup_steps: int = 0) -> tuple[dict, list[dict]] | None:
         """Round ``number`` as an earlier run of this training left it: its figures and samples, with
-        its weights loaded into ``model``; None when it is not saved or belongs to another run."""
+        its weights loaded into ``model`` and its optimizer and schedule into ``carry`` (made for
+        ``lr`` and ``warmup_steps``); None when it is not saved or belongs to another run."""
         import torch
 
         path = self.policy_dir(number)
@@ -150,7 +153,10 @@ class RoundStore:
         record = json.loads((path / ROUND_FILE).read_text())
         if record.get("identity") != json.loads(json.dumps(self.identity, default=str)):
             return None
-        model.load_state_dict(torch.load(path / STATE_FILE, map_location="cpu", weights_only=True))
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        if carry is not None:
+            carry.restore(model, lr, warmup_steps, state["carry"])
         return record["figures"], read_jsonl(path / "samples.jsonl")
 
     def clear(self) -> None:

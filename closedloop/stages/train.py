@@ -259,6 +259,7 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
     stage's samples, each later round on samples drawn from the policy as trained so far."""
     from dataclasses import replace
 
+    from closedloop.training.causal_lm import Carry
     from closedloop.training.grpo import GrpoStats, combine_stats
 
     params = ctx.params.train
@@ -274,8 +275,13 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
     prompt_record = prompt_format_of(ctx.params, tokenizer).record(tokenizer)
     round_stats, round_rows, resumed = [], [], 0
     totals = {"rollouts": 0, "infra": 0, "cut": 0}
+    # One optimizer and schedule over every round, planned for every task's k samples (groups without
+    # a reward spread drop out, so the schedule ends a little short of its end).
+    carry = None if rounds == 1 else Carry(total_steps=sum(
+        math.ceil(params.grpo.epochs * len(part) * ctx.params.sample.k / params.batch_size) for part in parts))
     for number, part in enumerate(parts, start=1):
-        saved = store.load(number, model) if number < rounds else None
+        saved = (store.load(number, model, carry, params.grpo.lr, params.warmup_steps) if number < rounds
+                 else None)
         if saved is not None:
             figures, rows = saved
             round_stats.append(GrpoStats(**figures["stats"]))
@@ -295,6 +301,7 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
         for key in totals:
             totals[key] += counts[key]
         stats = train_grpo_batch(ctx, model, tokenizer, batch, seed=seed + number - 1, encode_prompt=encode_prompt,
+                                 carry=carry,
                                  checkpoint=checkpoint if rounds == 1 or checkpoint is None else replace(
                                      checkpoint, directory=base / f"round-{number}",
                                      identity={**checkpoint.identity, "round": number}))
@@ -302,7 +309,7 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
         round_rows += rows
         if number < rounds:
             store.save(number, model, tokenizer, ctx.params.sample, prompt_record,
-                       {"stats": figures_of(stats), **counts}, rows)
+                       {"stats": figures_of(stats), **counts}, rows, carry)
     if rounds > 1:
         store.clear()
     write_jsonl(ctx.ws.train_rounds, round_rows)
@@ -335,7 +342,8 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
             "untrained_reason": why}
 
 
-def train_grpo_batch(ctx: StageContext, model, tokenizer, batch: list, *, seed: int, encode_prompt, checkpoint):
+def train_grpo_batch(ctx: StageContext, model, tokenizer, batch: list, *, seed: int, encode_prompt, checkpoint,
+                     carry=None):
     """One grpo run over ``batch`` (Rollouts) with the stage's settings."""
     from closedloop.training.grpo import train_grpo
 
@@ -345,7 +353,7 @@ def train_grpo_batch(ctx: StageContext, model, tokenizer, batch: list, *, seed: 
         model, tokenizer, batch, epochs=grpo.epochs, batch_size=params.batch_size, lr=grpo.lr,
         warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta, scale_advantages=grpo.scale_advantages,
         negative_weight=grpo.negative_weight, loss=grpo.loss, clip_high=grpo.epsilon_high,
-        max_completion_length=ctx.params.sample.max_new_tokens,
+        max_completion_length=ctx.params.sample.max_new_tokens, carry=carry,
         temperature=ctx.params.sample.temperature, seed=seed, progress=ctx.progress, checkpoint=checkpoint,
         micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
         encode_prompt=encode_prompt,
@@ -381,7 +389,8 @@ def _stage_rollouts(ctx: StageContext, task_ids: set[str]) -> tuple[list, int, i
         batch.append(Rollout(group=sample["task_id"], prompt=prompts[sample["task_id"]],
                              token_ids=tuple(rollout["token_ids"]),
                              logprobs=None if rollout.get("logprobs") is None else tuple(rollout["logprobs"]),
-                             reward=shaped_reward(reward["reward"], reward["steps"], params.shaping)))
+                             reward=shaped_reward(reward["reward"], reward["steps"], params.shaping,
+                                                    reward.get("passed"))))
     return batch, infra, cut
 
 
@@ -399,7 +408,8 @@ def _round_rollouts(rows: list[dict], prompts: dict[str, str], params) -> tuple[
         cut += row["finish_reason"] == "length"
         batch.append(Rollout(group=row["task_id"], prompt=prompts[row["task_id"]], token_ids=tuple(row["token_ids"]),
                              logprobs=None if row["logprobs"] is None else tuple(row["logprobs"]),
-                             reward=shaped_reward(scored["reward"], scored["steps"], params.shaping)))
+                             reward=shaped_reward(scored["reward"], scored["steps"], params.shaping,
+                                                    scored["passed"])))
     return batch, infra, cut
 
 

@@ -38,6 +38,26 @@ class Checkpointing:
     identity: dict[str, Any]
 
 
+@dataclass
+class Carry:
+    """An optimizer and its schedule carried over several optimize calls (see optimize's ``carry``)."""
+
+    total_steps: int  # the schedule's length over every call
+    optimizer: Any = None
+    scheduler: Any = None
+
+    def state(self) -> dict[str, Any] | None:
+        return None if self.optimizer is None else {"optimizer": self.optimizer.state_dict(),
+                                                    "scheduler": self.scheduler.state_dict()}
+
+    def restore(self, model: Any, lr: float, warmup_steps: int, state: dict[str, Any] | None) -> None:
+        """Make the optimizer and schedule for ``model`` and load ``state`` (from :meth:`state`) into them."""
+        self.optimizer, self.scheduler = _new_optimizer(model, lr, warmup_steps, self.total_steps)
+        if state is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
 class ResumeRefused(RuntimeError):
     """A checkpoint exists but belongs to a different training run."""
 
@@ -213,6 +233,7 @@ def optimize(
     dropout: bool = True,
     log: list[dict[str, float]] | None = None,
     step_figures: Callable[[], dict[str, float]] | None = None,
+    carry: "Carry | None" = None,
 ) -> tuple[list[float], int]:
     """One AdamW step per batch of example indices; ``step_loss(indices, denominator) -> (loss, tokens)``.
 
@@ -235,6 +256,11 @@ def optimize(
     "grad_norm" (before clipping)} and whatever ``step_figures()`` returns after the step (grpo's clip
     shares, KL, entropy). It is checkpointed with the run, so a resumed run's log has every step.
     Recording changes nothing the step computes.
+
+    ``carry``: one optimizer and one learning-rate schedule over several calls (grpo's on-policy
+    rounds): the first call makes them, for ``carry.total_steps``, and later calls go on with them.
+    A fresh AdamW per call would restart its moment estimates, whose first steps move every weight
+    by about the learning rate whatever its gradient, and restart the warm-up.
     """
     import torch
     from tqdm.auto import tqdm
@@ -250,8 +276,13 @@ def optimize(
     # fork_rng: the seed governs this run without resetting the caller's global random stream.
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
+        if carry is not None and carry.optimizer is not None:
+            optimizer, scheduler = carry.optimizer, carry.scheduler
+        else:
+            optimizer, scheduler = _new_optimizer(model, lr, warmup_steps,
+                                                  carry.total_steps if carry is not None else steps)
+            if carry is not None:
+                carry.optimizer, carry.scheduler = optimizer, scheduler
         done = 0
         if checkpoint is not None:
             done, losses, tokens, logged = _resume(checkpoint, model, optimizer, scheduler)
@@ -547,6 +578,14 @@ def _autocast(model: Any, bf16: bool) -> Any:
     if not bf16:
         return nullcontext()
     return torch.autocast(model.device.type, dtype=torch.bfloat16)
+
+
+def _new_optimizer(model: Any, lr: float, warmup_steps: int, steps: int) -> tuple[Any, Any]:
+    """AdamW (no weight decay) with warm-up then cosine decay over ``steps``."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(warmup_steps, steps))
 
 
 def _warmup_cosine(warmup_steps: int, steps: int) -> Any:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from closedloop.training.causal_lm import Checkpointing, _batch_indices, _encode_prompt, optimize
+from closedloop.training.causal_lm import Carry, Checkpointing, _batch_indices, _encode_prompt, optimize
 
 ZERO_SPREAD = 1e-6
 LOSSES = ("dapo", "grpo", "dr_grpo")  # as TRL's GRPOConfig.loss_type names them  # a group whose reward standard deviation is below this gives no gradient
@@ -170,6 +170,7 @@ def train_grpo(
     loss: str = "dapo",
     clip_high: float | None = None,
     max_completion_length: int | None = None,
+    carry: Carry | None = None,
     seed: int,
     progress: bool = False,
     checkpoint: Checkpointing | None = None,
@@ -187,7 +188,8 @@ def train_grpo(
     completion's token mean, then the mean over completions (the original GRPO; short completions
     weigh more per token), ``dr_grpo`` the token sum over completions x ``max_completion_length`` (Dr.
     GRPO: no length normalisation). ``clip_high`` is DAPO's clip-higher: the ratio's upper bound is
-    1 + clip_high (None: 1 + clip), so rare tokens of a better completion can gain more than clip allows. ``micro_batch_size``, ``gradient_checkpointing``: see
+    1 + clip_high (None: 1 + clip), so rare tokens of a better completion can gain more than clip allows.
+    ``carry``: the optimizer and schedule of earlier runs to go on with (on-policy rounds; see optimize). ``micro_batch_size``, ``gradient_checkpointing``: see
     causal_lm.optimize; ``encode_prompt``: see causal_lm.encode_example.
     """
     if temperature <= 0:
@@ -308,7 +310,7 @@ def train_grpo(
                               loss_tokens=(lambda indices: sum(len(rows[i][1]) for i in indices)) if loss == "dapo"
                               else len,
                               gradient_checkpointing=gradient_checkpointing, dropout=False,
-                              log=(steps_log := []), step_figures=step_figures)
+                              log=(steps_log := []), step_figures=step_figures, carry=carry)
     wall = time.perf_counter() - started
     return GrpoStats(
         steps=len(losses), rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=tokens,

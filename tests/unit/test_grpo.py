@@ -87,6 +87,16 @@ class TestShaping:
         assert shaped_reward(0.1, self.RUNS_FAILS, shaping) == pytest.approx(0.6)
         assert shaped_reward(0.1, self.NO_PARSE, shaping) == pytest.approx(0.1)
 
+    def test_a_passed_base_is_the_verdict_not_the_partial_credit(self):
+        shaping = ShapingParams(progress=0.0, base="passed")
+        # 0.6 of partial credit that failed scores as any failure; a pass scores 1 whatever its components
+        assert shaped_reward(0.6, self.HALF, shaping, passed=False) == 0.0
+        assert shaped_reward(0.9, self.HALF, shaping, passed=True) == 1.0
+        assert shaped_reward(0.2, self.RUNS_FAILS, ShapingParams(progress=0.2, base="passed"), passed=False) == \
+            pytest.approx(0.2 * 2 / 3)  # the step shaping still adds
+        with pytest.raises(ValueError, match="verdict"):
+            shaped_reward(0.6, self.HALF, shaping)
+
     def test_shaping_gives_groups_of_failures_a_direction(self):
         """Every sample failed every test, but one ran: the group now has a spread, and the advantage
         points at the one that ran."""
@@ -487,3 +497,28 @@ class TestLossPresets:
             train_grpo(model, tokenizer, rollouts, **GRPO, loss="ppo")
         with pytest.raises(ValueError, match="max_completion_length"):
             train_grpo(model, tokenizer, rollouts, **GRPO, loss="dr_grpo")
+
+
+def test_rounds_carry_one_optimizer_and_one_schedule(policy, tokenizer):  # noqa: F811
+    """On-policy rounds go on with the optimizer and schedule of the rounds before: the second run's
+    first step is not a new warm-up, and AdamW's step count runs over both."""
+    import copy
+
+    from closedloop.training.causal_lm import Carry
+
+    model, rollouts = policy
+    half = len(rollouts) // 2
+    settings = {**GRPO, "epochs": 1, "batch_size": 8, "warmup_steps": 3}
+    carry = Carry(total_steps=40)
+    trained = copy.deepcopy(model)
+    first = train_grpo(trained, tokenizer, rollouts[:half], **settings, carry=carry)
+    second = train_grpo(trained, tokenizer, rollouts[half:], **settings, carry=carry)
+    assert first.steps > settings["warmup_steps"] and second.steps > 0
+    peak = settings["lr"]
+    assert first.steps_log[0]["lr"] < peak / 2  # the one warm-up
+    assert second.steps_log[0]["lr"] == pytest.approx(
+        first.steps_log[-1]["lr"], rel=0.2) and second.steps_log[0]["lr"] > peak / 2
+    steps = {int(state["step"]) for state in carry.optimizer.state.values()}
+    assert steps == {first.steps + second.steps}
+    fresh = train_grpo(copy.deepcopy(trained), tokenizer, rollouts[half:], **settings)
+    assert fresh.steps_log[0]["lr"] < peak / 2  # without a carry, each run warms up again
