@@ -51,6 +51,18 @@ def _runtime_env() -> dict:
     return {"env_vars": env} if env else {}
 
 
+def in_ray_task() -> bool:
+    """Whether this process is a Ray worker running a task or actor (for instance the train stage as a
+    prefect-ray task). Reads sys.modules first, so a process that never imported Ray never imports it."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return False
+    from ray._private import worker
+
+    return worker.global_worker.mode == worker.WORKER_MODE
+
+
 def check_reachable(address: str) -> None:
     """Fail in seconds, naming the key, when the cluster's port does not answer: ray.init itself
     retries an unreachable head for minutes."""

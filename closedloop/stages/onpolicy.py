@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from closedloop.envs.base import Task
+from closedloop.execution import ray_backend
 from closedloop.faults import fault_point
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.stages.common import StageContext, StageError
@@ -89,19 +90,9 @@ def executor_params(params: Any) -> Any:
     stage on a Ray worker), where they use local processes on that worker. The train task holds its CPUs
     while the rounds run, and the samplers and sandbox actors they would ask for on top of it may never
     fit a small cluster: waiting for them would hang the stage."""
-    if params.execution.backend != "ray" or not _in_ray_task():
+    if params.execution.backend != "ray" or not ray_backend.in_ray_task():
         return params
     return params.model_copy(update={"execution": params.execution.model_copy(update={"backend": "local"})})
-
-
-def _in_ray_task() -> bool:
-    import sys
-
-    if "ray" not in sys.modules:  # never imported: not on a Ray worker
-        return False
-    from ray._private import worker
-
-    return worker.global_worker.mode == worker.WORKER_MODE
 
 
 class RoundStore:
