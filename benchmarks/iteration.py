@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SMALL = {
-    "envs": {name: {"benchmark": {"core": 6, "edge": 2, "failure_modes": 2}}
+    "envs": {name: {"benchmark": {"core": 6, "edge": 2, "failure_modes": 2, "heldout": 2}}
              for name in ("code", "data", "script", "extract", "rules")},
     "generate": {"n_tasks": 100},
     "warmstart": {"steps": 60},

@@ -83,14 +83,19 @@ def describe(row: dict, warm: dict) -> str:
 
 
 def paired_difference(before: dict[str, int], after: dict[str, int], n: int, tasks: list) -> dict[str, dict]:
-    """Per environment and overall: mean of after − before pass@1 over tasks, and its standard error."""
+    """Per environment, overall, and apart for the slices training draws from ("in-distribution") and
+    the held-out slice (families or compositions train never emits): mean of after − before pass@1 over
+    tasks, and its standard error."""
     import math
+
+    from closedloop.envs.base import HELDOUT
 
     groups: dict[str, list[float]] = {"overall": []}
     for task in tasks:
         diff = (after[task.task_id] - before[task.task_id]) / n
         groups.setdefault(task.env, []).append(diff)
         groups["overall"].append(diff)
+        groups.setdefault(HELDOUT if task.slice == HELDOUT else "in-distribution", []).append(diff)
     out = {}
     for name, diffs in groups.items():
         mean = sum(diffs) / len(diffs)

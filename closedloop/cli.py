@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     tasks_sub = tasks_parser.add_subparsers(metavar="ACTION")
     p = tasks_sub.add_parser("export", help="write N generated tasks of an environment, with reference solutions")
     p.add_argument("--env", required=True, help="environment name (built-in, or one under envs.custom in params.yaml)")
-    p.add_argument("--split", required=True, choices=("train", "core", "edge", "failure_modes"),
+    p.add_argument("--split", required=True, choices=("train", "core", "edge", "failure_modes", "heldout"),
                    help="train, or a benchmark slice")
     p.add_argument("--n", required=True, type=int, help="number of tasks")
     p.add_argument("--out", required=True, type=Path, help="JSONL file to write (one task per line)")

@@ -84,9 +84,10 @@ class SandboxParams(_Section):
 class SliceSizes(_Section):
     """Tasks per benchmark slice of one environment."""
 
-    core: int = Field(40, ge=0, description="Typical tasks.")
+    core: int = Field(30, ge=0, description="Typical tasks.")
     edge: int = Field(20, ge=0, description="Edge cases: empty inputs, ties, unicode, missing values, boundary numbers.")
     failure_modes: int = Field(20, ge=0, description="The ways models typically fail this environment.")
+    heldout: int = Field(10, ge=0, description="Families or combinations the train split never emits: transfer to unseen work.")
 
 
 class EnvParams(_Section):
@@ -144,6 +145,10 @@ class CustomEnvParams(EnvParams):
 
     entry: str = Field(description="'package.module:Class', or the name of a 'closedloop.environments' entry point.")
     options: dict[str, Any] = Field(default_factory=dict, description="Passed to the environment as params.options.")
+    benchmark: SliceSizes = Field(
+        default_factory=lambda: SliceSizes(heldout=0),
+        description="Tasks per benchmark slice. heldout is 0 unless set: only the environment knows which of "
+                    "its families train never emits (its generate must honour slice='heldout').")
 
 
 BUILTIN_ENVS = ("code", "data", "script", "extract", "rules")

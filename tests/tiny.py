@@ -7,7 +7,7 @@ TINY = {
     "model": {"builtin": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
                           "vocab_size": 320, "max_position_embeddings": 512}},
     # Every environment, each with a benchmark of 2 core, 1 edge and 1 failure-mode task.
-    "envs": {name: {"benchmark": {"core": 2, "edge": 1, "failure_modes": 1}, **extra}
+    "envs": {name: {"benchmark": {"core": 2, "edge": 1, "failure_modes": 1, "heldout": 1}, **extra}
              for name, extra in (("code", {"tests_per_task": 4}), ("data", {}), ("script", {}),
                                  ("extract", {}), ("rules", {}))},
     "generate": {"n_tasks": 10},

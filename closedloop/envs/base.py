@@ -19,7 +19,12 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from closedloop.io import read_jsonl
 
 SPLITS = ("train", "benchmark")
-SLICES = ("core", "edge", "failure_modes")  # benchmark slices; train tasks carry the slice of their family
+HELDOUT = "heldout"
+# The slices training draws from (train tasks carry the slice of their family), and the benchmark's
+# slices: those, plus tasks of families or combinations the train split never emits, so the benchmark
+# measures transfer to work the policy was never trained on.
+TRAINED_SLICES = ("core", "edge", "failure_modes")
+SLICES = TRAINED_SLICES + (HELDOUT,)
 BENCHMARK_PER_MILLE = 150  # share of every environment's task space reserved for the benchmark
 
 
@@ -35,7 +40,7 @@ class Task:
     task_id: str
     env: str
     split: str  # "train" or "benchmark"
-    slice: str  # "core", "edge" or "failure_modes"
+    slice: str  # "core", "edge", "failure_modes" or (benchmark only) "heldout"
     kind: str  # the generator family, for per-kind reporting
     prompt: str
     entry_point: str
@@ -96,7 +101,8 @@ class Environment(Protocol):
     default_weights: dict[str, float]  # used when params.yaml gives none for this environment
 
     def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
-        """``n`` distinct tasks, the same for the same arguments. Train never emits a benchmark task."""
+        """``n`` distinct tasks, the same for the same arguments. Train never emits a benchmark task, nor
+        one of the families or combinations the ``heldout`` slice holds."""
         ...
 
     def reference(self, task: Task) -> str:

@@ -18,8 +18,8 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, not_judged, source_of
-from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, probe_inputs
+from closedloop.envs.base import HELDOUT, BaseEnvironment, Task, Verdict, check_split, not_judged, source_of
+from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, is_heldout, probe_inputs
 from closedloop.envs import extraction
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.taskfile import shape_problems
@@ -101,12 +101,13 @@ class CodeEnv(BaseEnvironment):
 
         Train mixes every spec (tagged core or failure_modes). The benchmark's ``core`` slice holds
         the ordinary specs, ``failure_modes`` the shapes small models get wrong, and ``edge`` any spec
-        tested mostly on edge inputs.
+        tested mostly on edge inputs. ``heldout`` holds the compositions train never emits
+        (code_tasks.is_heldout), drawn from their whole space: no train task computes one.
         """
         check_split(self.name, split, slice, n)
         slice = "core" if split == "train" else slice
         rng = random.Random(f"code/{split}/{seed}" + ("" if slice == "core" else f"/{slice}"))
-        kinds = list(FAMILIES)
+        kinds = [kind for kind in FAMILIES if slice != HELDOUT or kind in ("transform", "reduce")]
         seen: set[str] = set()  # behaviour hashes: two tasks computing the same function are duplicates
         tasks = []
         exhausted: set[str] = set()  # kinds with no new task left in this split and slice
@@ -129,7 +130,9 @@ class CodeEnv(BaseEnvironment):
     def _draw(self, kind: str, rng: random.Random, split: str, slice: str, seen: set[str]) -> Task | None:
         for _ in range(_MAX_DRAWS_PER_TASK):
             spec = FAMILIES[kind].sample(rng)
-            if split == "benchmark" and slice != "edge" and is_failure_mode(spec) != (slice == "failure_modes"):
+            if is_heldout(spec) != (slice == HELDOUT):
+                continue
+            if split == "benchmark" and slice in ("core", "failure_modes") and is_failure_mode(spec) != (slice == "failure_modes"):
                 continue
             behaviour, task = self._build(spec, split, slice)
             if task is not None and behaviour not in seen:
@@ -145,19 +148,21 @@ class CodeEnv(BaseEnvironment):
         reference = f"    return {expression}\n"
         function = _load_trusted(prompt + reference)
         behaviour = behaviour_hash(family.params, function)
-        if in_benchmark(behaviour) != (split == "benchmark"):
+        if slice == HELDOUT:
+            pass  # never trained on: the whole space of the compositions is the benchmark's
+        elif in_benchmark(behaviour) != (split == "benchmark"):
             return behaviour, None
-        if split == "benchmark" and in_edge_slice(behaviour) != (slice == "edge"):
+        elif split == "benchmark" and in_edge_slice(behaviour) != (slice == "edge"):
             return behaviour, None  # benchmark slices never share a function
         spec_hash = _hash(list(spec))
         draw_inputs = edge_inputs if slice == "edge" else family.inputs
         calls = draw_inputs(spec, random.Random(spec_hash), self.params.tests_per_task)
         expected = [to_plain(function(*json.loads(json.dumps(args)))) for args in calls]
         task = Task(
-            task_id=f"code/{split}/{spec_hash[:10]}" if slice != "edge" else f"code/{split}/edge/{spec_hash[:10]}",
+            task_id=f"code/{split}/{spec_hash[:10]}" if slice not in ("edge", HELDOUT) else f"code/{split}/{slice}/{spec_hash[:10]}",
             env=self.name,
             split=split,
-            slice="failure_modes" if slice != "edge" and is_failure_mode(spec) else slice,
+            slice="failure_modes" if slice not in ("edge", HELDOUT) and is_failure_mode(spec) else slice,
             kind=family.kind,
             prompt=prompt,
             entry_point=ENTRY_POINT,

@@ -336,6 +336,14 @@ def probe_inputs(params: str) -> list[list[Any]]:
 # ---------------------------------------------------------------------------------------------
 # Benchmark slices: which specs are failure modes, and the edge-case inputs of each signature
 
+def is_heldout(spec: tuple) -> bool:
+    """Compositions the train split never emits, for the benchmark's ``heldout`` slice: the squares of
+    a list sorted ascending, and their sum. Train has every part (squares under other orders and
+    aggregates, ascending sorts and sums of other maps), never these wholes: a policy that learned the
+    parts, not the prompts, solves them."""
+    return spec[0] in ("transform", "reduce") and spec[1] in ("asc", "sum") and spec[2] == ["square"]
+
+
 def is_failure_mode(spec: tuple) -> bool:
     """Specs of the shapes small models typically get wrong: chained string operations (the second
     step is dropped or applied first), three-way conditions (a boundary is off by one), descending or

@@ -24,7 +24,7 @@ from dataclasses import replace
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict, Union
 
-from closedloop.envs.base import (BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, source_of,
+from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, source_of,
                                   stable_hash)
 from closedloop.envs import extraction
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
@@ -156,7 +156,7 @@ class DataEnv(BaseEnvironment):
         """``n`` distinct tasks of ``split``: families in round robin, each family's operations in a
         seeded order; a family whose operations run out drops out of the rotation."""
         check_split(self.name, split, slice, n)
-        families = [f for f in FAMILIES if split == "train" or f.slice == slice]
+        families = [f for f in FAMILIES if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"data/{split}/{'' if split == 'train' else slice}/{seed}")
         queues = {f.kind: _operations(f, split, rng) for f in families}
         seen: set[str] = set()
@@ -207,9 +207,10 @@ class DataEnv(BaseEnvironment):
 
 
 def _operations(family: Family, split: str, rng: random.Random) -> list[tuple[str, dict[str, Any]]]:
-    """(key, spec) of the family's operations in ``split``, in a seeded order (popped from the end)."""
+    """(key, spec) of the family's operations in ``split``, in a seeded order (popped from the end). A
+    held-out family is never trained on: the benchmark draws from all of its operations."""
     pairs = [(operation_key(spec), spec) for spec in family.specs()]
-    pairs = [(key, spec) for key, spec in pairs if in_benchmark(key) == (split == "benchmark")]
+    pairs = [(key, spec) for key, spec in pairs if family.slice == HELDOUT or in_benchmark(key) == (split == "benchmark")]
     rng.shuffle(pairs)
     return pairs[::-1]
 

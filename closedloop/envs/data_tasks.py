@@ -446,7 +446,7 @@ FAMILIES = (
     Family("select", "core", _select, lambda sp, r, n: len(r) > 0 and (not sp["where"] or len(r) < n)),
     Family("clean", "core", _clean, _any),
     Family("join", "core", _join, _any),
-    Family("pivot", "core", _pivot, _groups),
+    Family("pivot", "heldout", _pivot, _groups),  # reshaping: train groups and joins, never pivots
     Family("empty_filter", "edge", _empty_filter, lambda sp, r, n: not r),
     Family("sort_ties", "edge", _sort_ties, _any),
     Family("unicode", "edge", _unicode, _any),

@@ -21,7 +21,7 @@ import json
 import random
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
+from closedloop.envs.base import HELDOUT, BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
 from closedloop.envs import extraction
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.envs.extraction import extract_json
@@ -111,11 +111,12 @@ class ExtractEnv(BaseEnvironment):
     def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
         """``n`` distinct tasks of ``split``, the same for the same arguments; families in round robin.
 
-        Train mixes every family (each task tagged with its family's slice); the benchmark draws only
-        the families of ``slice``.
+        Train mixes every family but the held-out ones (each task tagged with its family's slice); the
+        benchmark draws only the families of ``slice``. A held-out family is never trained on, so its
+        benchmark tasks come from its whole space, not only the benchmark's share of it.
         """
         check_split(self.name, split, slice, n)
-        chosen = [f for f in FAMILIES.values() if split == "train" or f.slice == slice]
+        chosen = [f for f in FAMILIES.values() if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"{self.name}/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
         seen: set[str] = set()
         tasks = []
@@ -124,7 +125,7 @@ class ExtractEnv(BaseEnvironment):
             for _ in range(_MAX_DRAWS_PER_TASK):
                 facts = family.sample(rng)
                 key = stable_hash([self.name, family.name, facts])
-                if key not in seen and in_benchmark(key) == (split == "benchmark"):
+                if key not in seen and (family.slice == HELDOUT or in_benchmark(key) == (split == "benchmark")):
                     seen.add(key)
                     tasks.append(self._build(family.name, facts, key, split))
                     break

@@ -22,7 +22,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
+from closedloop.envs.base import HELDOUT, BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
 from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.rewards.validators import match_format
@@ -188,11 +188,12 @@ class RulesEnv(BaseEnvironment):
     def generate(self, n: int, seed: int, split: str, slice: str = "core") -> list[Task]:
         """``n`` distinct tasks of ``split``, the same for the same arguments; families in round robin.
 
-        Train mixes every family (each task tagged with its family's slice); the benchmark draws only
-        the families of ``slice``.
+        Train mixes every family but the held-out ones (each task tagged with its family's slice); the
+        benchmark draws only the families of ``slice``. A held-out family is never trained on, so its
+        benchmark tasks come from its whole space, not only the benchmark's share of it.
         """
         check_split(self.name, split, slice, n)
-        chosen = [f for f in FAMILIES.values() if split == "train" or f.slice == slice]
+        chosen = [f for f in FAMILIES.values() if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"{self.name}/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
         seen: set[str] = set()
         tasks = []
@@ -203,7 +204,7 @@ class RulesEnv(BaseEnvironment):
                 if spec is None:
                     continue
                 key = stable_hash([self.name, family.name, spec])
-                if key in seen or in_benchmark(key) != (split == "benchmark"):
+                if key in seen or (family.slice != HELDOUT and in_benchmark(key) != (split == "benchmark")):
                     continue
                 chain = RuleEngine.evaluate(spec)
                 if family.accept(spec, list(chain.conclusions)):

@@ -124,8 +124,11 @@ def _condition(attributes: tuple[Attribute, ...], rng: random.Random) -> Cond:
     return {"all" if roll < 0.9 else "any": [_atom(first, rng), _atom(second, rng)]}
 
 
+HELDOUT_DOMAIN = "routing"  # only the heldout family's tasks are in it: no trained family draws it
+
+
 def _base(rng: random.Random, domain: str | None = None, rules: tuple[int, int] = (2, 4), city: bool = False) -> Spec:
-    domain = domain or rng.choice(sorted(DOMAINS))
+    domain = domain or rng.choice(sorted(set(DOMAINS) - {HELDOUT_DOMAIN}))
     attributes = DOMAINS[domain].attributes + ((CITY,) if city else ())
     outcomes = DOMAINS[domain].outcomes
     count = rng.randint(*rules)
@@ -252,7 +255,7 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("loan", "core", _core("loan")),
     Family("shipping", "core", _core("shipping")),
     Family("access", "core", _core("access")),
-    Family("routing", "core", _core("routing")),
+    Family("routing", "heldout", _core(HELDOUT_DOMAIN)),  # a domain train never shows
     Family("boundary", "edge", _at_threshold(INCLUSIVE)),
     Family("ties", "edge", lambda rng: _base(rng, rules=(3, 4)), _ties),
     Family("missing", "edge", _missing),

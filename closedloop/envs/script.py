@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import (BaseEnvironment, SLICES, Task, Verdict, check_split, in_benchmark, not_judged,
+from closedloop.envs.base import (HELDOUT, TRAINED_SLICES, BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged,
                                   source_of, stable_hash)
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.taskfile import file_tree_problems
@@ -93,7 +93,7 @@ def task_key(spec: dict[str, Any]) -> str:
 
 def benchmark_slice(key: str) -> str:
     """The one benchmark slice a task key may appear in: a fixed third of the hash space each."""
-    return SLICES[int(key[8:16], 16) % len(SLICES)]
+    return TRAINED_SLICES[int(key[8:16], 16) % len(TRAINED_SLICES)]
 
 
 class ScriptChecks(TypedDict):
@@ -132,7 +132,7 @@ class ScriptEnv(BaseEnvironment):
         """``n`` distinct tasks, families in round robin: train mixes every family, each benchmark
         slice draws only its own."""
         check_split(self.name, split, slice, n)
-        families = FAMILIES if split == "train" else [f for f in FAMILIES if f.slice == slice]
+        families = [f for f in FAMILIES if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"script/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
         seen: set[str] = set()
         exhausted: set[str] = set()
@@ -155,9 +155,10 @@ class ScriptEnv(BaseEnvironment):
         for _ in range(_MAX_DRAWS_PER_TASK):
             spec = family.sample(rng)
             key = task_key(spec)
-            if key in seen or in_benchmark(key) != (split == "benchmark"):
+            held_out = family.slice == HELDOUT  # its operation is one no train family asks: all its space
+            if key in seen or (not held_out and in_benchmark(key) != (split == "benchmark")):
                 continue
-            if split == "benchmark" and benchmark_slice(key) != family.slice:
+            if split == "benchmark" and not held_out and benchmark_slice(key) != family.slice:
                 continue  # families of different slices share operations: no prompt is in two slices
             expected = expected_tree(spec)
             prompt, reference = prompt_of(spec), reference_of(spec)

@@ -364,7 +364,7 @@ FAMILIES: list[Family] = [
     Family("move_into_folder", "core", "move", _move),
     Family("filter_lines", "core", "filter", _filter),
     Family("count_errors", "core", "count_total", _count_total),
-    Family("count_per_file", "core", "count_per_file", _count_per_file),
+    Family("count_per_file", "heldout", "count_per_file", _count_per_file),  # an operation train never asks
     Family("concat_sorted", "core", "concat", _concat),
     Family("delete_matching", "core", "delete", _delete),
     # edge: unicode names and content, names with spaces, nothing to match, empty files, nested folders

@@ -19,7 +19,7 @@ GOOD = {"task_id": "rules/train/1", "env": "rules", "split": "train", "slice": "
 @pytest.mark.parametrize("change, message", [
     ({"checks": "oops"}, "field 'checks' must be an object"),
     ({"prompt": ""}, "field 'prompt' must be a non-empty string"),
-    ({"slice": "hard"}, "field 'slice' must be one of ['core', 'edge', 'failure_modes']"),
+    ({"slice": "hard"}, "field 'slice' must be one of ['core', 'edge', 'failure_modes', 'heldout']"),
     ({"split": "test"}, "field 'split' must be one of ['train', 'benchmark']"),
     ({"extra": 1}, "unknown field(s) ['extra']"),
     ({"env": "code"}, "field 'env' is 'code', but this file is read as 'rules' tasks"),
