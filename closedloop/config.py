@@ -188,6 +188,11 @@ class EnvsParams(_Section):
 
 class GenerateParams(_Section):
     n_tasks: int = Field(800, gt=0, description="New training tasks per iteration.")
+    envs: list[str] = Field(
+        default_factory=list,
+        description="The environments the new training tasks come from, by their shares; empty: every active "
+                    "one. The others are still measured on the benchmark and gated: a transfer run trains on "
+                    "[code] and measures all five (the warm start and its references are unchanged).")
 
 
 class SamplingSettings(_Section):
@@ -669,6 +674,10 @@ class Params(_Section):
         if self.sample.backend.name == "vllm" and self.model.device == "cpu":
             raise ValueError("sample.backend is vllm but model.device is cpu: vLLM samples on GPUs; "
                              "use the hf backend on CPU, or model.device auto | cuda")
+        unknown = sorted(set(self.generate.envs) - set(self.envs.active()))
+        if unknown:
+            raise ValueError(f"generate.envs: {unknown} are not active environments; expected names from "
+                             f"{self.envs.active()} (an environment with share 0 takes no part in the loop)")
         if self.train.micro_batch_size > self.train.batch_size:
             raise ValueError(f"train.micro_batch_size ({self.train.micro_batch_size}) must not exceed "
                              f"train.batch_size ({self.train.batch_size})")

@@ -83,6 +83,8 @@ def share_out(total: int, shares: dict[str, float]) -> dict[str, int]:
     return counts
 
 
-def env_mix(params: Params, total: int) -> dict[str, int]:
-    """How many of ``total`` tasks (or references) each active environment gets, by its share."""
-    return share_out(total, {name: params.envs.section(name).share for name in params.envs.active()})
+def env_mix(params: Params, total: int, only: list[str] | None = None) -> dict[str, int]:
+    """How many of ``total`` tasks (or references) each active environment gets, by its share; with
+    ``only``, those environments alone share the total."""
+    names = [name for name in params.envs.active() if not only or name in only]
+    return share_out(total, {name: params.envs.section(name).share for name in names})

@@ -1,5 +1,6 @@
 """Stage generate: fresh training tasks for this iteration, from every active environment by its
-share, disjoint from the benchmark. A malformed task file stops the stage before anything is written."""
+share (or those ``generate.envs`` names), disjoint from the benchmark. A malformed task file stops the
+stage before anything is written."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from closedloop.stages.common import StageContext, env_mix
 def run(ctx: StageContext) -> dict:
     params = ctx.params
     tasks = []
-    for name, count in env_mix(params, params.generate.n_tasks).items():
+    for name, count in env_mix(params, params.generate.n_tasks, only=params.generate.envs).items():
         env = get_env(name, params)
         tasks += tasks_for(env, params.envs.section(name), count, seed=ctx.seed(f"generate/{name}"), split="train")
     write_jsonl(ctx.ws.tasks, (t.to_record() for t in tasks))

@@ -64,3 +64,32 @@ def test_the_benchmark_has_a_heldout_slice_by_default(params):
     # Each environment's own tests verify every slice's references in the sandbox (they loop over SLICES).
     assert SLICES[-1] == HELDOUT
     assert params.envs.section("code").benchmark.heldout > 0
+
+
+def test_a_transfer_run_generates_training_tasks_from_the_named_environments_alone(tmp_path):
+    """generate.envs: the iteration's new training tasks from code alone; the benchmark keeps every
+    environment, so the other four measure transfer."""
+    import copy
+
+    import yaml
+
+    from closedloop.io import read_json, read_jsonl
+    from closedloop.stages.common import run_stage
+    from tests.tiny import TINY
+
+    data = copy.deepcopy(TINY)
+    data["generate"] = {"n_tasks": 12, "envs": ["code"]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(data))
+    run_stage("generate", tmp_path)
+    tasks = read_jsonl(tmp_path / "data/batch/tasks.jsonl")
+    assert len(tasks) == 12 and {t["env"] for t in tasks} == {"code"}
+    assert read_json(tmp_path / "metrics/generate.json")["per_env"] == {"code": 12}
+
+
+def test_a_transfer_run_naming_an_inactive_environment_is_refused_by_key():
+    from closedloop.config import Params
+
+    with pytest.raises(ValueError, match=r"generate.envs: \['cobol'\] are not active environments"):
+        Params.model_validate({"generate": {"envs": ["cobol"]}})
+    with pytest.raises(ValueError, match=r"generate.envs: \['rules'\]"):
+        Params.model_validate({"generate": {"envs": ["rules"]}, "envs": {"rules": {"share": 0}}})
