@@ -90,6 +90,13 @@ class SliceSizes(_Section):
     heldout: int = Field(10, ge=0, description="Families or combinations the train split never emits: transfer to unseen work.")
 
 
+class CustomSliceSizes(SliceSizes):
+    """Tasks per benchmark slice of a user's environment: no heldout slice unless set, because only the
+    environment knows which of its families train never emits (its generate must honour it)."""
+
+    heldout: int = Field(0, ge=0, description="Families or combinations the environment's train split never emits; 0: none.")
+
+
 class EnvParams(_Section):
     """What every environment's section holds; each environment adds its own knobs."""
 
@@ -145,10 +152,7 @@ class CustomEnvParams(EnvParams):
 
     entry: str = Field(description="'package.module:Class', or the name of a 'closedloop.environments' entry point.")
     options: dict[str, Any] = Field(default_factory=dict, description="Passed to the environment as params.options.")
-    benchmark: SliceSizes = Field(
-        default_factory=lambda: SliceSizes(heldout=0),
-        description="Tasks per benchmark slice. heldout is 0 unless set: only the environment knows which of "
-                    "its families train never emits (its generate must honour slice='heldout').")
+    benchmark: CustomSliceSizes = CustomSliceSizes()
 
 
 BUILTIN_ENVS = ("code", "data", "script", "extract", "rules")

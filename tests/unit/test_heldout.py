@@ -93,3 +93,15 @@ def test_a_transfer_run_naming_an_inactive_environment_is_refused_by_key():
         Params.model_validate({"generate": {"envs": ["cobol"]}})
     with pytest.raises(ValueError, match=r"generate.envs: \['rules'\]"):
         Params.model_validate({"generate": {"envs": ["rules"]}, "envs": {"rules": {"share": 0}}})
+
+
+def test_a_user_environment_has_no_heldout_slice_unless_its_section_sets_one():
+    """Its generate may not know the slice (an older one tags whatever slice it is asked for), so the
+    benchmark must not ask it for held-out tasks it cannot tell apart."""
+    from closedloop.config import Params
+
+    custom = {"entry": "my.envs:Echo", "benchmark": {"core": 3, "edge": 1, "failure_modes": 1}}
+    params = Params.model_validate({"envs": {"custom": {"echo": custom}}})
+    assert params.envs.section("echo").benchmark.heldout == 0
+    custom["benchmark"]["heldout"] = 4
+    assert Params.model_validate({"envs": {"custom": {"echo": custom}}}).envs.section("echo").benchmark.heldout == 4
