@@ -16,6 +16,15 @@ The loop's own evaluations use 4 samples per task, so one environment's figure (
 about 2.5 pp on sampling alone. At the end, the warm start and each mode's final champion are
 evaluated again on the benchmark with ``--final-samples`` samples per task (paired: same seed, same
 tasks), and the per-environment difference is printed with its standard error over tasks.
+
+``--compare trl`` then runs TRL's GRPOTrainer (benchmarks/trl_compare.py; ``pip install -e '.[bench]'``)
+from the same warm start, on the training tasks the best mode's iterations drew, with the loop's
+feedback sources as its reward, for the best mode's wall-clock, and prints both curves (pass@1 against
+minutes) in one table; its final policy joins the paired final check, and ``--plot`` also writes the
+curves against minutes (``*_minutes.png``).
+
+    python benchmarks/learning.py --modes rft,grpo --iterations 5 --compare trl --out docs/trl.json \
+        --plot docs/trl_curves.png
 """
 
 from __future__ import annotations
@@ -131,6 +140,50 @@ def final_check(base: Path, finals: dict[str, Path], samples: int) -> dict:
     return results
 
 
+def minutes_curve(rows: list[dict], warm: dict) -> list[tuple[float, float]]:
+    """A mode's champion pass@1 against the cumulative minutes of its iterations, from the warm start."""
+    points, total = [(0.0, warm["overall"])], 0.0
+    for row in rows:
+        total += row["wall_s"] / 60
+        points.append((round(total, 2), row["champion"]["overall"]))
+    return points
+
+
+def compare_table(rows: list[dict], trl: dict, warm: dict) -> str:
+    """Both curves, pass@1 against minutes, one line per measured point, and each one's gain per minute."""
+    lines = ["| trainer | minutes | pass@1 | gain (pp) | pp per minute |", "|---|---|---|---|---|"]
+    curves = {mode: minutes_curve([r for r in rows if r["mode"] == mode], warm)
+              for mode in sorted({row["mode"] for row in rows})}
+    curves["trl"] = [(0.0, warm["overall"])] + [(p["minutes"], p["pass@1"]["overall"]) for p in trl["curve"]]
+    for name, points in curves.items():
+        for minutes, value in points:
+            gain = (value - warm["overall"]) * 100
+            rate = f"{gain / minutes:+.2f}" if minutes else ""
+            lines.append(f"| {name} | {minutes:.1f} | {value:.3f} | {gain:+.1f} | {rate} |")
+    return "\n".join(lines)
+
+
+def plot_minutes(rows: list[dict], trl: dict, warm: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for mode in sorted({row["mode"] for row in rows}):
+        points = minutes_curve([r for r in rows if r["mode"] == mode], warm)
+        ax.plot(*zip(*points), marker="o", label=f"closedloop {mode}")
+    ax.plot([0.0] + [p["minutes"] for p in trl["curve"]], [warm["overall"]] + [p["pass@1"]["overall"] for p in trl["curve"]],
+            marker="s", label="TRL GRPOTrainer")
+    ax.set_xlabel("wall-clock minutes (2-core CPU)")
+    ax.set_ylabel("benchmark pass@1")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def save(figures: dict, path: Path | None) -> None:
     """Write the figures so far (after every iteration, so an interrupted run keeps what it measured)."""
     if path:
@@ -177,6 +230,11 @@ def main() -> None:
     parser.add_argument("--final-samples", type=int, default=32,
                         help="samples per task when the warm start and the final champions are evaluated "
                              "again at the end (0: skip)")
+    parser.add_argument("--compare", choices=["trl"], help="also run the reference trainer (TRL's GRPOTrainer) from "
+                        "the same warm start for the best mode's wall-clock, on its training tasks")
+    parser.add_argument("--trl-minutes", type=float, help="TRL's training budget (default: the best mode's minutes)")
+    parser.add_argument("--trl-points", type=int, default=5, help="policies saved and evaluated along TRL's run")
+    parser.add_argument("--trl-lr", type=float, help="TRL's learning rate (default: train.grpo.lr)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from closedloop.cli import quiet_prefect
@@ -185,6 +243,7 @@ def main() -> None:
     import yaml
 
     from closedloop.config import load_params, parse_params, write_params
+    from closedloop.envs.base import load_tasks
     from closedloop.io import read_json
     from closedloop.scaffold import init_workspace
     from closedloop.workspace import Workspace
@@ -220,6 +279,7 @@ def main() -> None:
           + f" | {warm_seconds:.0f} s", flush=True)
 
     rows: list[dict] = []
+    drawn: dict[str, list] = {}  # each mode's training tasks, iteration by iteration (TRL trains on the best's)
     figures = {"warm_start": warm, "warm_start_seconds": round(warm_seconds, 1), "iterations": rows,
                "overrides": args.set}
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -236,6 +296,7 @@ def main() -> None:
             closed_loop(iterations=1, workspace=str(root))
             row = iteration_row(Workspace.at(root), mode, iteration, time.perf_counter() - started)
             rows.append(row)
+            drawn.setdefault(mode, []).extend(load_tasks(Workspace.at(root).tasks))
             print(describe(row, warm), flush=True)
             save(figures, args.out)
             if args.plot:
@@ -255,8 +316,24 @@ def main() -> None:
               f"training {tokens_per_s:.0f} tokens/s; {sum(row['wall_s'] for row in mine) / len(mine):.0f} s/iteration; "
               f"{(last['champion']['overall'] - warm['overall']) * 100 / (sum(row['wall_s'] for row in mine) / 60):+.2f} "
               "pp per minute of iterations")
+    finals = {mode: Workspace.at(workdir / mode).champion for mode in sorted({row["mode"] for row in rows})}
+    if args.compare == "trl" and rows:
+        import trl_compare
+
+        best = max(finals, key=lambda mode: [r for r in rows if r["mode"] == mode][-1]["champion"]["overall"])
+        budget_s = args.trl_minutes * 60 if args.trl_minutes else sum(r["wall_s"] for r in rows if r["mode"] == best)
+        print(f"\ntrl   GRPOTrainer from the warm start on {best}'s {len(drawn[best])} training tasks, "
+              f"{budget_s / 60:.1f} min budget", flush=True)
+        trl = trl_compare.run_trl(base, drawn[best], budget_s=budget_s, out_dir=workdir / "trl", points=args.trl_points,
+                                  lr=args.trl_lr, seed=load_params(base).project.seed,
+                                  echo=lambda line: print(line, flush=True))
+        figures["trl"] = {"against": best, **trl}
+        finals["trl"] = Path(trl["final_model"])
+        print("\n" + compare_table(rows, trl, warm), flush=True)
+        save(figures, args.out)
+        if args.plot:
+            plot_minutes(rows, trl, warm, args.plot.with_name(args.plot.stem + "_minutes.png"))
     if args.final_samples and rows:
-        finals = {mode: Workspace.at(workdir / mode).champion for mode in sorted({row["mode"] for row in rows})}
         check = final_check(base, finals, args.final_samples)
         figures["final_check"] = {"samples_per_task": args.final_samples, **check}
         print(f"\nfinal champions against the warm start, {args.final_samples} samples per task (paired; ± one "
