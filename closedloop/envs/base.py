@@ -14,7 +14,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 from closedloop.io import read_jsonl
 
@@ -161,6 +161,45 @@ def check_split(env: str, split: str, slice: str, n: int) -> None:
         raise ValueError(f"{env} env: slice must be one of {SLICES}, got {slice!r}")
     if n < 0:
         raise ValueError(f"{env} env: n ({n}) must be >= 0")
+
+
+# Rejection-sampling budget per task: a family that draws this many specs without a new task of the
+# split and slice asked for counts as used up.
+MAX_DRAWS_PER_TASK = 400
+Found = TypeVar("Found")
+Kind = TypeVar("Kind")
+
+
+def draw_until(attempt: Callable[[], Found | None]) -> Found | None:
+    """The first result of ``attempt`` (one draw from a family's seeded stream: None when the spec is
+    a duplicate, of the other split or slice, or unfit) within MAX_DRAWS_PER_TASK tries; None when
+    every try came back empty."""
+    for _ in range(MAX_DRAWS_PER_TASK):
+        found = attempt()
+        if found is not None:
+            return found
+    return None
+
+
+def round_robin(env: str, kinds: Sequence[Kind], n: int, draw: Callable[[Kind], Task | None], *, split: str,
+                slice: str) -> list[Task]:
+    """``n`` tasks, one per turn from ``kinds`` in round robin, each from ``draw(kind)`` (None: the
+    kind has no new task left). A used-up kind passes its turn on to the next for the rest of the call,
+    so the tasks drawn before it ran out are the same as if it never had."""
+    tasks: list[Task] = []
+    exhausted: set[int] = set()  # positions in ``kinds``
+    for index in range(n):
+        for offset in range(len(kinds)):
+            position = (index + offset) % len(kinds)
+            task = None if position in exhausted else draw(kinds[position])
+            if task is not None:
+                tasks.append(task)
+                break
+            exhausted.add(position)
+        else:
+            raise ValueError(f"{env} env: no new {split}/{slice} task of any family after {index} tasks "
+                             f"({MAX_DRAWS_PER_TASK} draws each); the space is nearly exhausted, ask for fewer than {n}")
+    return tasks
 
 
 def not_judged(components: tuple[str, ...], steps: tuple[str, ...], error: str) -> Verdict:

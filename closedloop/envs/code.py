@@ -18,7 +18,8 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from closedloop.envs.base import HELDOUT, BaseEnvironment, Task, Verdict, check_split, not_judged, source_of
+from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, draw_until, not_judged, round_robin,
+                                  source_of)
 from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, is_heldout, probe_inputs
 from closedloop.envs import extraction
 from closedloop.envs.extraction import Extraction, extract_program
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 BENCHMARK_PER_MILLE = 150  # share of all task behaviours reserved for the benchmark
 ENTRY_POINT = "f"
-_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say the space is exhausted
 _REPR_CHARS = 120
 
 
@@ -109,36 +109,23 @@ class CodeEnv(BaseEnvironment):
         rng = random.Random(f"code/{split}/{seed}" + ("" if slice == "core" else f"/{slice}"))
         kinds = [kind for kind in FAMILIES if slice != HELDOUT or kind in ("transform", "reduce")]
         seen: set[str] = set()  # behaviour hashes: two tasks computing the same function are duplicates
-        tasks = []
-        exhausted: set[str] = set()  # kinds with no new task left in this split and slice
-        for index in range(n):
-            # Round robin over the kinds; a kind whose space is used up passes its turn on.
-            for offset in range(len(kinds)):
-                kind = kinds[(index + offset) % len(kinds)]
-                task = None if kind in exhausted else self._draw(kind, rng, split, slice, seen)
-                if task is not None:
-                    tasks.append(task)
-                    break
-                exhausted.add(kind)
-            else:
-                raise ValueError(
-                    f"code env: no new {split}/{slice} task of any kind after {index} tasks "
-                    f"({_MAX_DRAWS_PER_TASK} draws each); the space is nearly exhausted, ask for fewer than {n}"
-                )
-        return tasks
+        return round_robin(self.name, kinds, n, lambda kind: self._draw(kind, rng, split, slice, seen),
+                           split=split, slice=slice)
 
     def _draw(self, kind: str, rng: random.Random, split: str, slice: str, seen: set[str]) -> Task | None:
-        for _ in range(_MAX_DRAWS_PER_TASK):
+        def attempt() -> Task | None:
             spec = FAMILIES[kind].sample(rng)
             if is_heldout(spec) != (slice == HELDOUT):
-                continue
+                return None
             if split == "benchmark" and slice in ("core", "failure_modes") and is_failure_mode(spec) != (slice == "failure_modes"):
-                continue
+                return None
             behaviour, task = self._build(spec, split, slice)
-            if task is not None and behaviour not in seen:
-                seen.add(behaviour)
-                return task
-        return None
+            if task is None or behaviour in seen:
+                return None
+            seen.add(behaviour)
+            return task
+
+        return draw_until(attempt)
 
     def _build(self, spec: tuple, split: str, slice: str = "core") -> tuple[str, Task | None]:
         """(behaviour hash, the task) for ``spec``; the task is None when it belongs to the other split."""

@@ -21,7 +21,8 @@ import json
 import random
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
-from closedloop.envs.base import HELDOUT, BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
+from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, draw_until, in_benchmark, round_robin,
+                                  source_of, stable_hash)
 from closedloop.envs import extraction
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.envs.extraction import extract_json
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 COMPONENTS = ("format", "schema", "fields")
 STEPS = ("valid_json", "schema_valid", "field_precision", "field_recall")
 NUMERIC_TOLERANCE = 1e-6  # numbers must be exact; the tolerance only absorbs float noise (1224.50 vs 1224.5)
-_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say a family's space is exhausted
 
 
 def json_schema(fields: list[Field]) -> dict:
@@ -119,20 +119,19 @@ class ExtractEnv(BaseEnvironment):
         chosen = [f for f in FAMILIES.values() if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"{self.name}/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
         seen: set[str] = set()
-        tasks = []
-        for index in range(n):
-            family = chosen[index % len(chosen)]
-            for _ in range(_MAX_DRAWS_PER_TASK):
+
+        def draw(family) -> Task | None:
+            def attempt() -> Task | None:
                 facts = family.sample(rng)
                 key = stable_hash([self.name, family.name, facts])
-                if key not in seen and (family.slice == HELDOUT or in_benchmark(key) == (split == "benchmark")):
-                    seen.add(key)
-                    tasks.append(self._build(family.name, facts, key, split))
-                    break
-            else:
-                raise ValueError(f"extract env: drew {_MAX_DRAWS_PER_TASK} {family.name!r} facts without a new "
-                                 f"{split} task after {index} tasks; the space is nearly exhausted, ask for fewer than {n}")
-        return tasks
+                if key in seen or (family.slice != HELDOUT and in_benchmark(key) != (split == "benchmark")):
+                    return None
+                seen.add(key)
+                return self._build(family.name, facts, key, split)
+
+            return draw_until(attempt)
+
+        return round_robin(self.name, chosen, n, draw, split=split, slice=slice)
 
     def _build(self, kind: str, facts: dict, key: str, split: str) -> Task:
         family = FAMILIES[kind]

@@ -22,7 +22,8 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import HELDOUT, BaseEnvironment, Task, Verdict, check_split, in_benchmark, source_of, stable_hash
+from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, draw_until, in_benchmark, round_robin,
+                                  source_of, stable_hash)
 from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.rewards.validators import match_format
@@ -34,7 +35,6 @@ COMPONENTS = ("format", "steps", "decision")
 # "R1: yes", or with the work shown (rules.show_work): "R1: age 52 is not <= 30: no"; only the last word is read.
 RULE_LINE = "{id}: (?:[^\\n]*: )?(yes|no)"
 DECISION_LINE = r"decision: (\S+)"
-_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before we say a family's space is exhausted
 
 
 # What the verifier reads of a task's checks: the spec rules_tasks describes ("order" and a rule's
@@ -196,25 +196,24 @@ class RulesEnv(BaseEnvironment):
         chosen = [f for f in FAMILIES.values() if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"{self.name}/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
         seen: set[str] = set()
-        tasks = []
-        for index in range(n):
-            family = chosen[index % len(chosen)]
-            for _ in range(_MAX_DRAWS_PER_TASK):
+
+        def draw(family) -> Task | None:
+            def attempt() -> Task | None:
                 spec = family.sample(rng)
                 if spec is None:
-                    continue
+                    return None
                 key = stable_hash([self.name, family.name, spec])
                 if key in seen or (family.slice != HELDOUT and in_benchmark(key) != (split == "benchmark")):
-                    continue
+                    return None
                 chain = RuleEngine.evaluate(spec)
-                if family.accept(spec, list(chain.conclusions)):
-                    seen.add(key)
-                    tasks.append(self._build(family.name, spec, chain, key, split))
-                    break
-            else:
-                raise ValueError(f"rules env: drew {_MAX_DRAWS_PER_TASK} {family.name!r} specs without a new "
-                                 f"{split} task after {index} tasks; the space is nearly exhausted, ask for fewer than {n}")
-        return tasks
+                if not family.accept(spec, list(chain.conclusions)):
+                    return None
+                seen.add(key)
+                return self._build(family.name, spec, chain, key, split)
+
+            return draw_until(attempt)
+
+        return round_robin(self.name, chosen, n, draw, split=split, slice=slice)
 
     def _build(self, kind: str, spec: dict, chain: Chain, key: str, split: str) -> Task:
         family = FAMILIES[kind]

@@ -26,8 +26,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import (HELDOUT, TRAINED_SLICES, BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged,
-                                  source_of, stable_hash)
+from closedloop.envs.base import (HELDOUT, TRAINED_SLICES, BaseEnvironment, Task, Verdict, check_split, draw_until, in_benchmark,
+                                  not_judged, round_robin, source_of, stable_hash)
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.taskfile import file_tree_problems
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
@@ -42,7 +42,6 @@ STEPS = ("parses", "exits_cleanly", "files_match")  # then "file:<path>" per pat
 MAX_PROMPT_CHARS = 500  # the tiny policy's context is 512 tokens; its completion needs room too
 MAX_REFERENCE_CHARS = 200
 MAX_FILES = 6  # starting files per task: small trees the prompt can list
-_MAX_DRAWS_PER_TASK = 400  # rejection sampling budget before a family counts as exhausted
 _TEXT_CHARS = 60  # cap on one file's content quoted in feedback
 
 
@@ -135,36 +134,23 @@ class ScriptEnv(BaseEnvironment):
         families = [f for f in FAMILIES if (f.slice != HELDOUT if split == "train" else f.slice == slice)]
         rng = random.Random(f"script/{split}/{seed}" + ("" if split == "train" else f"/{slice}"))
         seen: set[str] = set()
-        exhausted: set[str] = set()
-        tasks: list[Task] = []
-        for index in range(n):
-            # A family with no new task left passes its turn on to the next.
-            for offset in range(len(families)):
-                family = families[(index + offset) % len(families)]
-                task = None if family.name in exhausted else self._draw(family, rng, split, seen)
-                if task is not None:
-                    tasks.append(task)
-                    break
-                exhausted.add(family.name)
-            else:
-                raise ValueError(f"script env: no new {split}/{slice} task of any family after {index} tasks "
-                                 f"({_MAX_DRAWS_PER_TASK} draws each); ask for fewer than {n}")
-        return tasks
+        return round_robin(self.name, families, n, lambda family: self._draw(family, rng, split, seen),
+                           split=split, slice=slice)
 
     def _draw(self, family: Family, rng: random.Random, split: str, seen: set[str]) -> Task | None:
-        for _ in range(_MAX_DRAWS_PER_TASK):
+        def attempt() -> Task | None:
             spec = family.sample(rng)
             key = task_key(spec)
             held_out = family.slice == HELDOUT  # its operation is one no train family asks: all its space
             if key in seen or (not held_out and in_benchmark(key) != (split == "benchmark")):
-                continue
+                return None
             if split == "benchmark" and not held_out and benchmark_slice(key) != family.slice:
-                continue  # families of different slices share operations: no prompt is in two slices
+                return None  # families of different slices share operations: no prompt is in two slices
             expected = expected_tree(spec)
             prompt, reference = prompt_of(spec), reference_of(spec)
             too_big = len(spec["start"]) > MAX_FILES or len(prompt) > MAX_PROMPT_CHARS or len(reference) > MAX_REFERENCE_CHARS
             if expected is None or too_big:
-                continue
+                return None
             seen.add(key)
             return Task(
                 task_id=f"{self.name}/{split}/{family.slice}/{key[:10]}",
@@ -177,7 +163,8 @@ class ScriptEnv(BaseEnvironment):
                 checks={**spec, "expected": expected},  # op, args, start: the spec
                 reference=reference,
             )
-        return None
+
+        return draw_until(attempt)
 
     # -- verification ----------------------------------------------------------------------------
 
