@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from closedloop.training.candidate_record import untrained_reason
+
 MINUS = "\u2212"
 MAX_NAMED = 3  # regressions named in the sentence; the table has them all
 
@@ -87,8 +89,8 @@ def decision_sentence(gate: Mapping[str, Any], champion_version: str | None) -> 
     champion = version_label(champion_version, "the champion")
     champ, cand = gate["champion"]["overall"]["pass@1"], gate["candidate"]["overall"]["pass@1"]
     overall = f"benchmark pass@1 {cand:.3f} vs champion {champion} {champ:.3f} ({pp(cand - champ)})"
-    if not gate.get("trained", True):
-        reason = gate.get("untrained_reason") or "it trained 0 steps"
+    reason = untrained_reason(gate)
+    if reason:
         return f"Held: the candidate was not trained ({reason}); it is {champion} unchanged, so it was not registered."
     rows = comparisons(gate)
     bad = [row for row in rows if row["verdict"] != "within"]

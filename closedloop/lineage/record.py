@@ -16,6 +16,7 @@ from closedloop.faults import delay_s as fault_delay_s
 from closedloop.io import read_json, read_jsonl, replace_dir, say
 from closedloop.lineage.dvc import DvcWorkspace
 from closedloop.progress import Progress
+from closedloop.training.candidate_record import untrained_reason
 from closedloop.workspace import Workspace
 
 # The batch files logged as MLflow dataset inputs, with the context each plays.
@@ -350,7 +351,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     hashes = dvc.lock_hashes()
     gate = read_json(ws.gate)
     train = stage_result(ws.root, "train")  # its metrics and its info (the mode, why it did not train)
-    not_trained = None if train.get("trained", True) else (train.get("untrained_reason") or "it trained 0 steps")
+    not_trained = untrained_reason(train)
     candidate = gate["candidate"]["model_version"]
     experiment = f"iter-{iteration:03d}-{candidate[:8]}"
     registered = params.tracking.registered_model

@@ -16,7 +16,9 @@ def training_record(model_dir) -> dict:
 
 
 def untrained_reason(record: dict) -> str | None:
-    """Why a candidate is the champion unchanged (it trained 0 steps), or None when it trained."""
+    """Why a candidate is the champion unchanged (it trained 0 steps), or None when it trained; from
+    any record holding the train stage's ``trained`` and ``untrained_reason`` (its training record, its
+    metrics, the gate's record). The one place the rule is written."""
     if record.get("trained", True):
         return None
     return record.get("untrained_reason") or "it trained 0 steps"
