@@ -11,10 +11,8 @@ that produced it (as reward components do).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from closedloop.config import MonitorsParams
 
 Verdict = Literal["ok", "warn", "fail", "skipped"]
 
@@ -84,27 +82,6 @@ def skipped(name: str, version: str, threshold: Threshold, reason: str,
             figures: dict[str, float] | None = None) -> MonitorResult:
     return MonitorResult(name, version, "skipped", None, threshold.warn, threshold.fail,
                          {key: float(number) for key, number in (figures or {}).items()}, reason)
-
-
-def run_monitors(current: IterationData, history: list[IterationData],
-                 settings: "MonitorsParams") -> list[MonitorResult]:
-    """Every registered monitor over ``current`` and ``history`` (oldest first), in the registry's order."""
-    from closedloop.monitors.registry import MONITORS
-
-    results = []
-    for monitor in MONITORS:
-        given = settings.thresholds.get(monitor.name)
-        threshold = Threshold(given.warn, given.fail) if given is not None else monitor.default
-        if not settings.enabled:
-            results.append(skipped(monitor.name, monitor.version, threshold, "monitors.enabled is false"))
-            continue
-        try:
-            result = monitor.check(current, list(history), threshold)
-        except Exception as error:  # name the monitor: a bad record otherwise reads as a stage bug
-            raise RuntimeError(f"monitor {monitor.name} (version {monitor.version}) failed on "
-                               f"{current.label}: {error}") from error
-        results.append(result)
-    return results
 
 
 def report(iteration: int, results: list[MonitorResult], block_promotion: list[str]) -> dict:
