@@ -184,6 +184,23 @@ def plot_minutes(rows: list[dict], trl: dict, warm: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def apply_overrides(root: Path, items: list[str]) -> None:
+    """Lay ``--set SECTION.KEY=YAML`` overrides over the params.yaml of workspace ``root``."""
+    import yaml
+
+    from closedloop.config import load_params, parse_params, write_params
+
+    data = load_params(root).model_dump(mode="json")
+    for item in items:
+        dotted, _, value = item.partition("=")
+        *path, key = dotted.split(".")
+        node = data
+        for part in path:
+            node = node[part]
+        node[key] = yaml.safe_load(value)
+    write_params(root, parse_params(data, "--set"))
+
+
 def save(figures: dict, path: Path | None) -> None:
     """Write the figures so far (after every iteration, so an interrupted run keeps what it measured)."""
     if path:
@@ -240,9 +257,7 @@ def main() -> None:
     from closedloop.cli import quiet_prefect
 
     quiet_prefect()
-    import yaml
-
-    from closedloop.config import load_params, parse_params, write_params
+    from closedloop.config import load_params, write_params
     from closedloop.envs.base import load_tasks
     from closedloop.io import read_json
     from closedloop.scaffold import init_workspace
@@ -258,16 +273,8 @@ def main() -> None:
     else:
         shutil.rmtree(base, ignore_errors=True)
         init_workspace(base)
-    if args.set:
-        data = load_params(base).model_dump(mode="json")
-        for item in args.set:
-            dotted, _, value = item.partition("=")
-            *path, key = dotted.split(".")
-            node = data
-            for part in path:
-                node = node[part]
-            node[key] = yaml.safe_load(value)
-        write_params(base, parse_params(data, "--set"))
+    if args.set and not args.from_warmstart:
+        apply_overrides(base, args.set)  # this run's own warm start: it trains under them too
     started = time.perf_counter()
     if not args.from_warmstart:
         closed_loop(iterations=0, workspace=str(base))
@@ -288,6 +295,8 @@ def main() -> None:
         shutil.copytree(base, root, symlinks=True)
         shutil.rmtree(root / "data" / "models" / "candidate.checkpoint", ignore_errors=True)
         init_workspace(root)  # dvc.yaml rendered from this code (a reused warm start may predate it)
+        if args.set and args.from_warmstart:
+            apply_overrides(root, args.set)  # the copy's, never the reused warm start's own params.yaml
         params = load_params(root)
         params.train.mode = mode
         write_params(root, params)
