@@ -267,7 +267,7 @@ class ServerParams(_Section):
 class SampleParams(SamplingSettings):
     backend: SampleBackend = Field(
         default_factory=HfBackendParams,
-        description="hf | vllm | openai, or a mapping {name: ..., options}; see the README.",
+        description="hf | vllm | openai, or a mapping of the backend's keys beside its name, e.g. {name: openai, api: chat, concurrency: 16} or {name: vllm, tensor_parallel_size: 2, max_model_len: 4096}; see docs/your-model.md.",
     )
     server: ServerParams = ServerParams()
     prompt_format: Literal["auto", "raw", "chat"] = Field(
@@ -413,7 +413,8 @@ class ReplayParams(_Section):
     )
     versions: list[str] = Field(
         default_factory=list,
-        description="The experiments replayed; set by the loop from `last` before each iteration, or by hand.",
+        description="The experiments replayed; set by the loop from `last` before each iteration (a value written by "
+                    "hand is overwritten by the next `closedloop run`; set `last: 0` to replay none).",
     )
     max_fraction: float = Field(0.5, ge=0.0, lt=1.0, description="Cap on replayed examples in the training set.")
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import serve as prefect_serve
 
+from closedloop.pipeline import ITERATION_STAGES
 from flows.iteration import iteration_flow
 from flows.loop import closed_loop, warm_start_flow
 from flows.review import review_flow
@@ -20,8 +21,9 @@ def deployments(workspace: str) -> list:
     The entrypoint is the flow's module path (flows.iteration.iteration_flow), not a file path
     relative to the directory serve started in, so the deployment runs from any directory.
 
-    One run at a time per deployment, the others queued (ENQUEUE) rather than refused: two clicks on
-    "Run" give two iterations one after the other. Across deployments of one workspace, the flows
+    One run at a time per loop deployment, the others queued (ENQUEUE) rather than refused: two clicks
+    on "Run" give two iterations one after the other. The review deployment has no limit: reviews run
+    beside an iteration and beside each other. Across deployments of one workspace, the flows
     themselves wait for the workspace lock (closedloop.runlock), so they queue too."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
@@ -37,8 +39,7 @@ def deployments(workspace: str) -> list:
         closed_loop.to_deployment(name="closed-loop", parameters={**common, "iterations": 1}, **one_at_a_time,
                                   description="Warm start if needed, then N closed-loop iterations."),
         iteration_flow.to_deployment(name="iteration", parameters=common, **one_at_a_time,
-                                     description="One iteration: sample → reward → grade → validate → train → "
-                                     "evaluate → gate → promote → version."),
+                                     description="One iteration: " + " → ".join((*ITERATION_STAGES, "version")) + "."),
         warm_start_flow.to_deployment(name="warm-start", parameters=common, **one_at_a_time,
                                       description="Iteration 0: benchmark set and the SFT'd base policy."),
         # No lock and no queue: a review only reads the review sample and appends to the inbox, so

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 BIN = Path(sys.executable).parent
-# The columns README.md's `dvc exp show` keeps: the iteration, its scores, the gate, the batch.
+# The columns docs/lineage.md's `dvc exp show` keeps: the iteration, its scores, the gate, the batch.
 README_EXP_SHOW_KEEP = ("Experiment|loop\\.iteration|(candidate|champion)_pass@1(/[a-z]+)?$|promote$"
                         "|.*reward_mean$|buckets\\.")
 REPRODUCIBLE_OUTS = ("data/batch/tasks.jsonl", "data/batch/samples.jsonl", "data/batch/rewards.jsonl",
@@ -118,7 +118,7 @@ def test_dvc_metrics_plots_and_experiments_show_the_loop(ran):
 
     table = json.loads(cli("dvc", "exp", "show", "--only-changed", "--json", cwd=root).stdout)
     assert table and not [rev for rev in table if rev.get("error")]
-    # the README's command: the headline of each iteration on one screen
+    # docs/lineage.md's command: the headline of each iteration on one screen
     readable = cli("dvc", "exp", "show", "--no-pager", "--csv", "--only-changed", "--drop", ".*", "--keep",
                    README_EXP_SHOW_KEEP, cwd=root).stdout
     header = next(csv.reader(io.StringIO(readable)))

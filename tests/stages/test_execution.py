@@ -24,7 +24,7 @@ ROLLOUTS = "data/batch/rollouts.jsonl"
 # What "the same batch on Ray" promises: samples, rewards and every token exactly; the sampling
 # log-probabilities within this much. A Ray worker given 1 CPU runs torch on 1 thread, the local
 # stage on the machine's cores, and on some CPUs (AMD EPYC) float reductions round by thread count:
-# 1e-6 apart in 3 of 20 rows was seen. The tokens drawn are the same (README, "Ray").
+# 1e-6 apart in 3 of 20 rows was seen. The tokens drawn are the same (docs/scale-out.md, "Ray").
 LOGPROB_TOLERANCE = 1e-5
 
 

@@ -1,6 +1,6 @@
 """The vllm backend (offline vllm.LLM) and the hf backend on CUDA: run only where CUDA (and vLLM) exist.
 
-No machine this project has can run vLLM (see the README, "Run it on your hardware"); these tests
+No machine this project has can run vLLM (see docs/your-model.md); these tests
 are written against vLLM's documented API and skip elsewhere.
 """
 
