@@ -267,7 +267,9 @@ class ServerParams(_Section):
 class SampleParams(SamplingSettings):
     backend: SampleBackend = Field(
         default_factory=HfBackendParams,
-        description="hf | vllm | openai, or a mapping of the backend's keys beside its name, e.g. {name: openai, api: chat, concurrency: 16} or {name: vllm, tensor_parallel_size: 2, max_model_len: 4096}; see docs/your-model.md.",
+        description="hf | vllm | openai, or a mapping of the backend's keys beside its name, e.g. {name: openai, "
+                    "api: chat, concurrency: 16} or {name: vllm, tensor_parallel_size: 2, max_model_len: 4096}; "
+                    "see docs/your-model.md.",
     )
     server: ServerParams = ServerParams()
     prompt_format: Literal["auto", "raw", "chat"] = Field(

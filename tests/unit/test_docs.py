@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,8 @@ def param_keys(path: Path) -> list[tuple[int, str]]:
     # Inline spans only: fenced blocks hold YAML (nested keys) and quoted error output.
     for number, span in code_spans(path, fenced_too=False):
         for token in re.findall(r"(?<![\w./-])([a-z_]+(?:\.(?:[a-z_0-9]+|<[^>]+>))+)", span):
-            if token.split(".")[0] in sections and token not in NOT_PARAMS and not token.endswith((".py", ".yaml", ".json", ".jsonl", ".md")):
+            is_file = token.endswith((".py", ".yaml", ".json", ".jsonl", ".md"))
+            if token.split(".")[0] in sections and token not in NOT_PARAMS and not is_file:
                 found.append((number, token))
     return found
 
@@ -49,9 +52,6 @@ ANY, LEAF = "any key", "a value"
 
 def kind_of(annotation: object) -> object:
     """What a field holds: a section (its model class), a free mapping (ANY) or a plain value (LEAF)."""
-    import types
-    import typing
-
     from pydantic import BaseModel
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
