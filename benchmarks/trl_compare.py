@@ -33,10 +33,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # learning.py beside it
 
 from closedloop.envs.base import Task  # noqa: E402
 from closedloop.models.settings import SETTINGS_FILE  # noqa: E402
 from closedloop.sampling.base import cut_at_stop  # noqa: E402
+from learning import pass_rates  # noqa: E402  (beside this file; it imports this module only inside main)
 
 # Trainer log keys kept per step (TRL's names): the diagnosis figures issue 25 asks the loop's grpo for.
 LOG_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "clip_ratio/low_mean", "clip_ratio/high_mean",
@@ -107,7 +109,6 @@ def run_trl(base: Path, train_tasks: list[Task], *, budget_s: float, out_dir: Pa
     """GRPOTrainer from the warm start of workspace ``base`` on ``train_tasks`` for ``budget_s`` seconds of
     training; returns the curve (elapsed minutes, steps and benchmark pass@1 of each saved policy), the
     per-step trainer logs and the directory of the last saved policy (``final_model``)."""
-    import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -202,13 +203,9 @@ def run_trl(base: Path, train_tasks: list[Task], *, budget_s: float, out_dir: Pa
                                      samples_per_task=params.evaluate.samples_per_task,
                                      seed=params.stage_seed("evaluate", False), batch_size=params.evaluate.batch_size,
                                      verifiers=verifiers)
-            summary = result["summary"]
-            point["pass@1"] = {"overall": summary["overall"]["pass@1"],
-                               **{env: f["pass@1"] for env, f in sorted(summary.get("envs", {}).items())}}
+            point["pass@1"] = pass_rates(result["summary"])
             echo(f"trl   {point['minutes']:5.1f} min  step {point['steps']:4d}  pass@1 {point['pass@1']['overall']:.3f} | "
                  + " ".join(f"{env} {v:.3f}" for env, v in point["pass@1"].items() if env != "overall"))
-    del trainer, model
-    torch.set_grad_enabled(True)
     (out_dir / "logs.json").write_text(json.dumps(step_logs, indent=1) + "\n")
     return {"budget_s": round(budget_s, 1), "train_seconds": round(train_seconds, 1), "tasks": len(train_tasks),
             "batch": batch, "lr": config.learning_rate, "curve": saved, "logs": step_logs,
