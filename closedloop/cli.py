@@ -8,6 +8,29 @@ import os
 import sys
 from pathlib import Path
 
+from closedloop.config import ConfigError, Params, load_params, parse_params
+from closedloop.envs import EnvironmentError_, get_env
+from closedloop.envs.humaneval import TaskFileError
+from closedloop.execution.base import ExecutionError
+from closedloop.io import BatchFileError, json_objects, write_json, write_jsonl
+from closedloop.lineage.dvc import DvcError
+from closedloop.lineage.record import recover_git_state
+from closedloop.pipeline import STAGE_NAMES
+from closedloop.report_page import ReportError, choose_iteration, mlflow_lineage, recorded_iterations, write_report
+from closedloop.rescore import RescoreError, newest_per_iteration, report_text, rescore
+from closedloop.review.form import review_markdown
+from closedloop.review.labels import AnswerError, append_to_inbox, inbox_rows, read_review_sample, validate_submission
+from closedloop.rewards.feedback import FeedbackSourceError
+from closedloop.rewards.human import LabelsError
+from closedloop.rewards.pools import EnvPools, SandboxSetupError
+from closedloop.runlock import WorkspaceBusy, local_state_dir, workspace_lock
+from closedloop.sandbox import SandboxUnavailable
+from closedloop.scaffold import WorkspaceError, init_workspace, require_workspace
+from closedloop.stages import run_stage
+from closedloop.stages.common import StageError
+from closedloop.status import status_text
+from closedloop.verify import infra_failure, load_samples, load_tasks, print_summary, verify_files
+from closedloop.workspace import Workspace
 
 EXIT_BUSY = 75  # EX_TEMPFAIL: another run holds the workspace; try again later (or --wait)
 # The ephemeral Prefect API's start-up limit. Prefect's own 20 s is often not enough on a loaded
@@ -26,15 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
-    from closedloop.config import ConfigError
-    from closedloop.envs import EnvironmentError_
-    from closedloop.envs.humaneval import TaskFileError
-    from closedloop.io import BatchFileError
-    from closedloop.scaffold import WorkspaceError
-    from closedloop.runlock import WorkspaceBusy
-    from closedloop.execution.base import ExecutionError
-    from closedloop.rewards.pools import SandboxSetupError
-    from closedloop.stages.common import StageError
 
     try:
         return args.handler(args) or 0
@@ -72,8 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="if another run holds the workspace, wait for it instead of stopping at once")
     workspace_arg(p)
     p.set_defaults(handler=cmd_run)
-
-    from closedloop.pipeline import STAGE_NAMES
 
     p = sub.add_parser("stage", help="run one stage in the workspace (what dvc.yaml's commands call)")
     p.add_argument("name", choices=STAGE_NAMES)
@@ -142,22 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_init(args) -> int:
-    from closedloop.scaffold import init_workspace
-
     root = init_workspace(args.directory)
     print(f"closedloop workspace ready at {root}\n  next: closedloop run --workspace {root}")
     return 0
 
 
 def cmd_stage(args) -> int:
-    from closedloop.runlock import workspace_lock
-    from closedloop.stages import run_stage
-
     # `dvc repro` runs this once per stage; a closedloop run beside it would mix their outputs.
     with workspace_lock(args.workspace, command=f"closedloop stage {args.name}"):
-        from closedloop.lineage.record import recover_git_state
-        from closedloop.workspace import Workspace
-
         recover_git_state(Workspace.at(args.workspace))
         metrics = run_stage(args.name, args.workspace, progress=sys.stderr.isatty())
     print(json.dumps(metrics, sort_keys=True))
@@ -180,7 +184,6 @@ def prefect_defaults(root: Path) -> None:
     PREFECT_API_URL (a real server) or an explicit database URL is left as it is."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_S))
     if not os.environ.get("PREFECT_API_URL"):
-        from closedloop.runlock import local_state_dir
 
         local_state_dir(root)
         os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL",
@@ -193,10 +196,6 @@ def interrupted_exp_save(root: Path) -> bool:
 
 
 def cmd_run(args) -> int:
-    from closedloop.config import load_params
-    from closedloop.runlock import workspace_lock
-    from closedloop.scaffold import require_workspace
-
     root = require_workspace(args.workspace)
     if not interrupted_exp_save(root):  # then params.yaml may be cut short until the lock's holder cleans up
         load_params(root)  # fail on a bad params.yaml before anything starts or is written
@@ -205,9 +204,6 @@ def cmd_run(args) -> int:
     quiet_prefect()
     prefect_defaults(root)
     with workspace_lock(root, wait=args.wait, command="closedloop run"):
-        from closedloop.lineage.record import recover_git_state
-        from closedloop.workspace import Workspace
-
         recover_git_state(Workspace.at(root))  # before anything reads params.yaml
         load_params(root)
         from flows.loop import closed_loop
@@ -277,8 +273,6 @@ def _drain() -> None:
 
 
 def cmd_serve(args) -> int:
-    from closedloop.scaffold import require_workspace
-
     root = require_workspace(args.workspace)
     if not os.environ.get("PREFECT_API_URL"):
         print("closedloop: PREFECT_API_URL is not set; start a server with `prefect server start` and set "
@@ -291,7 +285,6 @@ def cmd_serve(args) -> int:
 
 def _load_params_for(path: Path | None):
     """params.yaml at ``path``, else ./params.yaml when present, else the defaults."""
-    from closedloop.config import ConfigError, Params, load_params, parse_params
 
     if path is None:
         return load_params(Path(".")) if Path("params.yaml").exists() else Params()
@@ -307,13 +300,6 @@ def _load_params_for(path: Path | None):
 
 
 def cmd_verify(args) -> int:
-    from closedloop.config import ConfigError
-    from closedloop.envs import EnvironmentError_
-    from closedloop.envs.humaneval import TaskFileError
-    from closedloop.sandbox import SandboxUnavailable
-    from closedloop.rewards.pools import EnvPools
-    from closedloop.verify import infra_failure, load_samples, load_tasks, print_summary, verify_files
-
     try:
         params = _load_params_for(args.params)
         params.reward.workers = args.workers
@@ -339,10 +325,6 @@ def cmd_verify(args) -> int:
 
 
 def cmd_tasks_export(args) -> int:
-    from closedloop.config import ConfigError
-    from closedloop.envs import EnvironmentError_, get_env
-    from closedloop.io import write_jsonl
-
     try:
         params = _load_params_for(args.params)
         if args.n < 1:
@@ -360,14 +342,6 @@ def cmd_tasks_export(args) -> int:
 
 
 def cmd_rescore(args) -> int:
-    from closedloop.config import load_params
-    from closedloop.io import write_json
-    from closedloop.lineage.dvc import DvcError
-    from closedloop.rescore import RescoreError, newest_per_iteration, report_text, rescore
-    from closedloop.rewards.feedback import FeedbackSourceError
-    from closedloop.rewards.human import LabelsError
-    from closedloop.scaffold import require_workspace
-
     root = Path(require_workspace(args.workspace))
     params = load_params(root)  # today's verifiers: params.yaml as it is now
     names = list(newest_per_iteration(root).values()) if args.all else [args.experiment]
@@ -387,10 +361,6 @@ def cmd_rescore(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from closedloop.config import load_params
-    from closedloop.scaffold import require_workspace
-    from closedloop.status import status_text
-
     root = require_workspace(args.workspace)
     print(status_text(Path(root), load_params(root), limit=args.limit))
     return 0
@@ -398,8 +368,6 @@ def cmd_status(args) -> int:
 
 def _review_submissions(args) -> list[dict]:
     """The answers the arguments give, grouped per reviewer as labels.Submission data."""
-    from closedloop.io import json_objects
-    from closedloop.review.labels import AnswerError
 
     if args.answers is None:
         if args.reviewer is None:
@@ -424,11 +392,6 @@ def _review_submissions(args) -> list[dict]:
 
 
 def cmd_review(args) -> int:
-    from closedloop.review.form import review_markdown
-    from closedloop.review.labels import AnswerError, append_to_inbox, inbox_rows, read_review_sample, validate_submission
-    from closedloop.scaffold import require_workspace
-    from closedloop.workspace import Workspace
-
     ws = Workspace.at(require_workspace(args.workspace))
     rows = read_review_sample(ws) if ws.review_sample.exists() else []
     answering = args.answers is not None or args.sample_id is not None
@@ -449,11 +412,6 @@ def cmd_review(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from closedloop.config import load_params
-    from closedloop.report_page import ReportError, choose_iteration, mlflow_lineage, recorded_iterations, write_report
-    from closedloop.scaffold import require_workspace
-    from closedloop.workspace import Workspace
-
     ws = Workspace.at(require_workspace(args.workspace))
     params = load_params(ws.root)
     try:  # a bad --iteration fails before the MLflow store is opened, and nothing is written

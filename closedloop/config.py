@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from closedloop.nested import deep_merge
+
 PARAMS_FILE = "params.yaml"
 
 
@@ -758,7 +760,6 @@ _MISSING = object()
 def merge_settings(base: Params, settings: Mapping[str, Any], source: str) -> Params:
     """``base`` with ``settings`` (a nested dict, possibly partial) laid over it, validated as a whole:
     a bad value fails here, with ``source`` and the key named, before anything is written."""
-    from closedloop.nested import deep_merge
 
     return parse_params(deep_merge(base.model_dump(mode="json"), settings), source)
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from closedloop.io import BatchFileError, read_json, write_json
+from closedloop.io import BatchFileError, read_json, say, write_json
 
 PROGRESS_FILE = ".closedloop/iteration.json"
 UNFINISHED = ("running", "failed", "cancelled", "crashed")
@@ -60,7 +60,6 @@ def read_progress(root: Path) -> Progress | None:
         data = read_json(path)
         return Progress(**{key: data[key] for key in Progress.__dataclass_fields__ if key in data})
     except (BatchFileError, TypeError, KeyError) as error:
-        from closedloop.io import say
 
         # DVC's stage status still decides what runs again; the iteration number may move on
         say(f"closedloop: warning: {path} is unreadable ({error}); the next iteration starts afresh")

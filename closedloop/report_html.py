@@ -10,7 +10,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from closedloop import report_plots
+from closedloop import workspace as paths
 from closedloop.evaluation.report import comparisons, decision_sentence, pp, version_label
+
+# The DVC-tracked files of an iteration shown in the lineage, in DAG order; the rest of its outs follow.
+LINEAGE_FIRST = (paths.TASKS, paths.SAMPLES, paths.REWARDS, paths.GRADED, paths.FIXES, paths.TRAIN_SET,
+                 paths.CANDIDATE, paths.EVALUATION, paths.GATE, paths.CHAMPION, paths.BENCHMARK_TASKS)
 
 VERDICT_CLASS = {"ok": "ok", "warn": "warn", "fail": "fail", "skipped": "skip"}
 CSS = """
@@ -198,7 +203,6 @@ def _lineage(data) -> str:
         ["model version", escape(f"{registered} v{version}" if version else "not registered")
          + (f" (compared with champion v{escape(str(found['parent_version']))})" if found.get("parent_version") else "")],
     ]
-    from closedloop.report_page import LINEAGE_FIRST
 
     hashes = [[f"<code>{escape(path)}</code>", f"<code>{escape(md5)}</code>"] for path, md5 in data.hashes.items()]
     shown = sum(path in LINEAGE_FIRST for path in data.hashes)

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from closedloop import workspace as paths
+from closedloop.lineage import tracking
+from closedloop.lineage.dvc import DvcWorkspace
+from closedloop.lineage.gitstate import git_try
+from closedloop.report_html import LINEAGE_FIRST, render
 from closedloop.workspace import Workspace
 
 MONITORS = "data/reports/monitors.json"  # the monitors stage's report (absent before it ran)
 EVALUATE_METRICS = "metrics/evaluate.json"
-# The DVC-tracked files of an iteration shown in the lineage, in DAG order; the rest of its outs follow.
-LINEAGE_FIRST = (paths.TASKS, paths.SAMPLES, paths.REWARDS, paths.GRADED, paths.FIXES, paths.TRAIN_SET,
-                 paths.CANDIDATE, paths.EVALUATION, paths.GATE, paths.CHAMPION, paths.BENCHMARK_TASKS)
 POINTERS = (paths.CHAMPION, paths.HUMAN_LABELS, paths.KNOWN_HACKS, paths.REVIEW_OUTCOME)  # `dvc add`ed
 
 
@@ -61,7 +62,6 @@ class PageData:
 def recorded_iterations(ws: Workspace, loop_iteration: int) -> dict[int, str | None]:
     """Iteration -> its newest DVC experiment (None where it was not saved as one): every saved
     experiment, and the workspace's own iteration when its batch has been gated."""
-    from closedloop.lineage.dvc import DvcWorkspace
 
     found: dict[int, str | None] = {}
     try:
@@ -77,8 +77,6 @@ class _Files:
     """Reads one iteration's files: from the workspace, or as its DVC experiment saved them."""
 
     def __init__(self, ws: Workspace, experiment: str | None, in_workspace: bool):
-        from closedloop.lineage.dvc import DvcWorkspace
-
         self.ws, self.experiment, self.in_workspace = ws, experiment, in_workspace
         self.dvc = DvcWorkspace(ws.root)
         self.rev = self.dvc.experiment_rev(experiment) if experiment else ""
@@ -87,7 +85,6 @@ class _Files:
         if self.in_workspace:
             path = self.ws.path(relative)
             return path.read_text(encoding="utf-8") if path.is_file() else None
-        from closedloop.lineage.gitstate import git_try
 
         kept = git_try(self.ws.root, "show", f"{self.rev}:./{relative}", strip=False)  # git-tracked (metrics/)
         if kept is not None:
@@ -112,7 +109,6 @@ class _Files:
             if self.in_workspace:
                 path = self.ws.path(relative)
                 return path.read_text() if path.is_file() else None
-            from closedloop.lineage.gitstate import git_try
 
             return git_try(self.ws.root, "show", f"{self.rev}:./{relative}", strip=False)
 
@@ -132,8 +128,6 @@ def pass_history(files: _Files, ws: Workspace, iterations: dict[int, str | None]
                  evaluation: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Candidate (and champion) pass@1 per iteration up to ``upto``: the warm start as iteration 0,
     earlier iterations from their experiments' metrics/evaluate.json, ``upto`` from its evaluation."""
-    from closedloop.lineage.dvc import DvcWorkspace
-    from closedloop.lineage.gitstate import git_try
 
     rows: list[dict[str, Any]] = []
     if ws.warmstart_eval.exists():
@@ -219,8 +213,6 @@ def load_page(ws: Workspace, loop_iteration: int, iteration: int | None = None,
 
 
 def _git_parent(root: Path, rev: str) -> str | None:
-    from closedloop.lineage.gitstate import git_try
-
     return git_try(root, "rev-parse", f"{rev}^")
 
 
@@ -228,13 +220,11 @@ def mlflow_lineage(ws: Workspace, params, iteration: int) -> dict[str, Any]:
     """The iteration's MLflow run and the model version registered from it, looked up in the store
     (for `closedloop report`; the loop passes what it just logged). {} when the store has none; an
     unreachable store is said in ``error``."""
-    from closedloop.lineage import tracking
-    from closedloop.lineage.record import run_key
 
     try:
         tracking.check_store(ws.root, params.tracking.uri, timeout_s=5.0)
         tracking.configure(ws.root, params.tracking.uri, params.tracking.experiment)
-        runs = tracking.find_runs(params.tracking.experiment, run_key(ws, iteration, "iteration"), status="FINISHED")
+        runs = tracking.find_runs(params.tracking.experiment, tracking.run_key(ws.root, iteration, "iteration"), status="FINISHED")
         if not runs:
             return {}
         found = tracking.run_location(runs[0])
@@ -248,8 +238,6 @@ def mlflow_lineage(ws: Workspace, params, iteration: int) -> dict[str, Any]:
 
 def report_html(ws: Workspace, loop_iteration: int, iteration: int | None = None,
                 mlflow: dict[str, Any] | None = None) -> tuple[str, PageData]:
-    from closedloop.report_html import render
-
     data = load_page(ws, loop_iteration, iteration, mlflow)
     return render(data), data
 

@@ -20,6 +20,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from closedloop import workspace as paths
+from closedloop.envs.base import Task
+from closedloop.io import json_objects
+from closedloop.lineage.dvc import DvcWorkspace
+from closedloop.rewards.pools import EnvPools
+from closedloop.rewards.scoring import score_batch
+from closedloop.stage_files import info_path
 
 EXAMPLES = 5  # example samples per environment in a report
 # The keys of a batch's feedback sources that decide its rewards. "human" (the labels' hash) is an
@@ -58,7 +64,6 @@ class StoredBatch:
 def newest_per_iteration(root: Path | str) -> dict[int, str]:
     """{iteration: its newest experiment} for every experiment named ``iter-NNN-<fingerprint>``
     (an iteration re-run is saved again: its newest save counts, as in lineage.record.replay_versions)."""
-    from closedloop.lineage.dvc import DvcWorkspace
 
     return DvcWorkspace(root).iteration_experiments()
 
@@ -66,8 +71,6 @@ def newest_per_iteration(root: Path | str) -> dict[int, str]:
 def read_stored_batch(root: Path | str, experiment: str) -> StoredBatch:
     """Tasks, samples, rewards and human labels of ``experiment`` through DVC. DvcError naming the
     experiment (and the known ones) when there is none, or the file when it does not record one."""
-    from closedloop.envs.base import Task
-    from closedloop.lineage.dvc import DvcWorkspace
 
     dvc = DvcWorkspace(root)
     rev = dvc.experiment_rev(experiment)
@@ -96,8 +99,6 @@ def read_stored_batch(root: Path | str, experiment: str) -> StoredBatch:
 
 
 def _rows(text: str, experiment: str, relative: str, required: Iterable[str] = ()) -> list[dict]:
-    from closedloop.io import json_objects
-
     rows = []
     for where, row in json_objects(text.splitlines(), f"experiment {experiment!r}, {relative}", RescoreError):
         missing = [key for key in required if key not in row]
@@ -111,8 +112,6 @@ def rescore_rows(params: Any, batch: StoredBatch, verifiers: Any, env: str | Non
     """The reward rows today's sources give the batch's samples (those of ``env`` only, if given),
     through the reward stage's own scoring. ``verifiers`` is an open EnvPools of today's params."""
     import tempfile
-
-    from closedloop.rewards.scoring import score_batch
 
     samples = [s for s in batch.samples if env is None or s["env"] == env]
     if env is not None and not samples:
@@ -209,7 +208,6 @@ def rescore(root: Path | str, params: Any, experiments: list[str], env: str | No
     sandbox pools for all). Every batch is read before the first is scored, so a bad name fails at once.
     A batch whose train stage ran grpo's on-policy rounds has their samples re-scored too, reported
     under "train_rounds" (stored reward rows against today's, as for rewards.jsonl)."""
-    from closedloop.rewards.pools import EnvPools
 
     batches = [read_stored_batch(root, name) for name in experiments]
     reports = []
@@ -229,8 +227,6 @@ def stale_batches(root: Path | str, today: dict[str, str]) -> list[tuple[str, li
     experiment whose reward stage recorded (metrics/info/reward.json, git-tracked: no DVC read)
     versions other than ``today`` (rewards.sources.feedback_sources). A source only one side has (an
     environment added or dropped since) is not a change of the batch's scoring. Oldest first."""
-    from closedloop.lineage.dvc import DvcWorkspace
-    from closedloop.stage_files import info_path
 
     dvc = DvcWorkspace(root)
     found = []

@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 
 from closedloop.config import PARAMS_FILE, default_params_yaml, load_params, write_params
+from closedloop.lineage.dvc import DvcWorkspace
+from closedloop.lineage.gitstate import git_identity_env
 from closedloop.pipeline import code_prefix, render_yaml
 from closedloop.plots import write_templates
 
@@ -29,9 +31,6 @@ class WorkspaceError(RuntimeError):
 
 
 def init_workspace(root: Path | str) -> Path:
-    from closedloop.lineage.dvc import DvcWorkspace
-    from closedloop.lineage.gitstate import git_identity_env
-
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     if not (root / PARAMS_FILE).exists():

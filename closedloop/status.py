@@ -5,14 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from closedloop.config import Params
+from closedloop.lineage import tracking
+from closedloop.lineage.dvc import DvcWorkspace
+from closedloop.lineage.run_metrics import CHAMPION_PASS_AT_1, PASS_AT_1
+from closedloop.models.loading import model_fingerprint
+from closedloop.pipeline import STAGE_NAMES
+from closedloop.progress import read_progress
+from closedloop.rescore import stale_batches
+from closedloop.rewards.sources import feedback_sources
+from closedloop.runlock import describe, holder, is_held
 from closedloop.workspace import Workspace
 
 
 def status_text(root: Path, params: Params, limit: int = 10) -> str:
-    from closedloop.lineage import tracking
-    from closedloop.lineage.dvc import DvcWorkspace
-    from closedloop.lineage.run_metrics import CHAMPION_PASS_AT_1, PASS_AT_1
-
     uri = tracking.configure(root, params.tracking.uri, params.tracking.experiment)
     name = params.tracking.registered_model
     lines = [f"workspace   {root}", f"tracking    {uri}", f"iteration   {params.loop.iteration} (params.yaml)"]
@@ -26,8 +31,6 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
                      f"benchmark pass@1 {tags.get('benchmark.pass_at_1', '?')}  model {tags.get('dvc.model', '?')[:12]}")
     champion_dir = Workspace.at(root).champion
     if (champion_dir / "config.json").is_file():
-        from closedloop.models.loading import model_fingerprint
-
         # The name an external inference server may serve the champion under (sample.server.url).
         lines.append(f"champion    {champion_dir}  fingerprint {model_fingerprint(champion_dir)}")
     challenger = tracking.get_alias(name, "challenger")
@@ -58,8 +61,6 @@ def status_text(root: Path, params: Params, limit: int = 10) -> str:
 def stale_lines(root: Path, params: Params) -> list[str]:
     """The stored batches today's verifiers would score differently: the versions each iteration's
     reward stage recorded against today's, from git alone (one `git show` per iteration)."""
-    from closedloop.rescore import stale_batches
-    from closedloop.rewards.sources import feedback_sources
 
     try:
         today = feedback_sources(params)
@@ -76,10 +77,6 @@ def stale_lines(root: Path, params: Params) -> list[str]:
 
 def _run_state(root: Path) -> list[str]:
     """Who holds the workspace, and an iteration a run left unfinished."""
-    from closedloop.progress import read_progress
-    from closedloop.runlock import describe, holder, is_held
-
-    from closedloop.pipeline import STAGE_NAMES
 
     lines = []
     record = holder(root)

@@ -20,14 +20,17 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from closedloop.envs import reward_weights
 from closedloop.envs.base import Task
 from closedloop.envs.humaneval import TaskFileError, json_records, load_humaneval
+from closedloop.envs.taskfile import checks_by_env, is_humaneval_file, load_task_file
+from closedloop.evaluation.stats import pass_at_k
+from closedloop.rewards.combine import combine
 
 
 def load_tasks(path: Path, params: Any = None) -> dict[str, Task]:
     """Tasks by id, from either format (decided by the first record's fields); a closedloop file's
     tasks are checked against their environments' declarations (params.yaml's custom ones too)."""
-    from closedloop.envs.taskfile import checks_by_env, is_humaneval_file, load_task_file
 
     if is_humaneval_file(path):
         return {task.task_id: task for task in load_humaneval(path)}
@@ -55,8 +58,6 @@ def verify_files(tasks_path: Path, samples_path: Path, out_path: Path, verifiers
     ``verifiers`` is a closedloop.rewards.pools.EnvPools: it builds each environment from params and
     starts a sandbox pool only for environments that run code.
     """
-    from closedloop.envs import reward_weights
-    from closedloop.rewards.combine import combine
 
     tasks = load_tasks(tasks_path, verifiers.params)
     samples = load_samples(samples_path, tasks)
@@ -92,7 +93,6 @@ def verify_files(tasks_path: Path, samples_path: Path, out_path: Path, verifiers
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """pass@k and pass rates over the scored rows; infrastructure errors counted apart, never scored."""
-    from closedloop.evaluation.stats import pass_at_k
 
     scored = [row for row in rows if row["status"] != "infra_error"]  # not the completion's fault
     infra = [row for row in rows if row["status"] == "infra_error"]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import time
 
+from closedloop.config import load_params
 from closedloop.io import say
+from closedloop.lineage.record import record_failure
+from closedloop.progress import read_progress
+from closedloop.workspace import Workspace
 
 # How long a flow that saw its own cancel waits for the runner to stop it, on a quiet machine.
 _RUNNER_GRACE_S = 120.0
@@ -70,10 +74,6 @@ def on_interrupted(flow, flow_run, state) -> None:
     message, and mark the progress record, so the next `closedloop run` continues the iteration.
 
     Nothing here may raise: a hook that fails hides the state it reports."""
-    from closedloop.config import load_params
-    from closedloop.lineage.record import record_failure
-    from closedloop.progress import read_progress
-    from closedloop.workspace import Workspace
 
     try:
         ws = Workspace.at(flow_run.parameters.get("workspace", "."))

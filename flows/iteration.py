@@ -13,9 +13,11 @@ from typing import Optional
 from prefect import flow
 
 from closedloop.config import Params, load_params
-from closedloop.io import say
+from closedloop.evaluation.report import gate_markdown, monitors_markdown
+from closedloop.io import read_json, say
 from closedloop.pipeline import ITERATION_STAGES
 from closedloop.runlock import workspace_lock
+from closedloop.stages.validate import BatchValidationError
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, hold_if_cancelled, on_interrupted
 from flows.params import workspace_params
@@ -95,7 +97,6 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
                 timing["work"][current] = metrics["seconds"]
                 timing["recorded"][current] = metrics["recorded_seconds"]
     except Exception as error:
-        from closedloop.stages.validate import BatchValidationError
 
         lineage.record_failure(workspace, params, current, str(error), final=isinstance(error, BatchValidationError))
         raise
@@ -109,9 +110,6 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
         raise
     timing["version_seconds"] = time.perf_counter() - version_started
     from prefect.artifacts import create_markdown_artifact
-
-    from closedloop.evaluation.report import gate_markdown, monitors_markdown
-    from closedloop.io import read_json
 
     ws = Workspace.at(workspace)
     # The gate's decision for people: registry versions, per environment and slice, the MLflow run.

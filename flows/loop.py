@@ -7,15 +7,15 @@ from typing import Optional
 from prefect import flow
 
 from closedloop.config import Params, write_params
-from closedloop.io import say
+from closedloop.io import read_json, say
 from closedloop.lineage.record import has_champion
 from closedloop.pipeline import WARM_START_STAGES
 from closedloop.progress import Progress, read_progress, write_progress
 from closedloop.runlock import workspace_lock
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
-from flows.params import workspace_params
 from flows.iteration import iteration_flow
+from flows.params import workspace_params
 from flows.ray_runner import stage_runner
 from tasks import lineage
 
@@ -65,7 +65,6 @@ def warm_start_flow(params: Optional[Params] = None, workspace: str = ".", progr
         lineage.push(workspace, params)
         version = lineage.register_warm_start(workspace, params)
         lineage.finish_iteration(workspace)
-        from closedloop.io import read_json
 
         summary = read_json(Workspace.at(workspace).warmstart_eval)["summary"]
         return {"model_version": version, "benchmark_pass@1": metrics.get("benchmark_pass@1",

@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from closedloop.config import Params
+from closedloop.execution.base import ExecutionError
+from closedloop.execution.ray_backend import check_reachable
+from closedloop.faults import fault_env
 
 # Stages that train a model in the stage task's own process. The others hand their model work to
 # the executor (sampling and evaluation shards on actors; the train stage to a Ray task of its own
@@ -76,7 +79,6 @@ def prefect_api_url() -> str:
 
 def worker_env() -> dict[str, str]:
     """Environment variables every Ray worker of the flow run gets."""
-    from closedloop.faults import fault_env
 
     env = fault_env()  # tests' fault points
     env["PREFECT_API_URL"] = prefect_api_url()
@@ -109,9 +111,6 @@ def remote_options_for(name: str, params: Params) -> dict[str, Any]:
 
 @contextmanager
 def _entered(runner, address: str) -> Iterator[Any]:
-    from closedloop.execution.base import ExecutionError
-    from closedloop.execution.ray_backend import check_reachable
-
     check_reachable(address)  # fails in seconds naming the key; ray.init retries for minutes
     try:
         runner.__enter__()

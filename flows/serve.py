@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import serve as prefect_serve
 
+from closedloop.config import load_params
 from closedloop.pipeline import ITERATION_STAGES
 from flows.iteration import iteration_flow
 from flows.loop import closed_loop, warm_start_flow
@@ -27,8 +28,6 @@ def deployments(workspace: str) -> list:
     themselves wait for the workspace lock (closedloop.runlock), so they queue too."""
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.types.entrypoint import EntrypointType
-
-    from closedloop.config import load_params
 
     root = str(Path(workspace).resolve())
     common = {"workspace": root, "params": load_params(root).model_dump(mode="json")}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from closedloop.entries import load_entry
+
 if TYPE_CHECKING:
     from closedloop.config import Params
 
@@ -29,8 +31,6 @@ class EnvironmentError_(ValueError):
 
 
 def _load(entry: str, where: str) -> type:
-    from closedloop.entries import load_entry
-
     return load_entry(entry, where, ENTRY_POINT_GROUP, EnvironmentError_)
 
 

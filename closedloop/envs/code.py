@@ -18,11 +18,21 @@ import random
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, draw_until, not_judged, round_robin,
-                                  source_of)
-from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, is_heldout, probe_inputs
 from closedloop.envs import extraction
+from closedloop.envs.base import (
+    HELDOUT,
+    BaseEnvironment,
+    Task,
+    Verdict,
+    check_split,
+    draw_until,
+    not_judged,
+    round_robin,
+    source_of,
+)
+from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, is_heldout, probe_inputs
 from closedloop.envs.extraction import Extraction, extract_program
+from closedloop.envs.humaneval import program_job
 from closedloop.envs.taskfile import shape_problems
 from closedloop.sandbox.child import to_plain
 from closedloop.sandbox.records import ExecResult, Job
@@ -213,7 +223,6 @@ def _with_extraction(verdict: Verdict, extraction: Extraction) -> Verdict:
 
 def _job(task: Task, program: str) -> Job:
     if "test" in task.checks:  # a HumanEval-format task: its check(candidate) runs on the trusted side
-        from closedloop.envs.humaneval import program_job
 
         return program_job(task, program)
     return Job(program, task.entry_point, task.checks["calls"], expected=task.checks["expected"])

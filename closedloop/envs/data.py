@@ -24,9 +24,18 @@ from dataclasses import replace
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict, Union
 
-from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, in_benchmark, not_judged, source_of,
-                                  stable_hash)
 from closedloop.envs import extraction
+from closedloop.envs.base import (
+    HELDOUT,
+    BaseEnvironment,
+    Task,
+    Verdict,
+    check_split,
+    in_benchmark,
+    not_judged,
+    source_of,
+    stable_hash,
+)
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.taskfile import file_tree_problems

@@ -21,9 +21,19 @@ import json
 import random
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
-from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, draw_until, in_benchmark, round_robin,
-                                  source_of, stable_hash)
 from closedloop.envs import extraction
+from closedloop.envs.base import (
+    HELDOUT,
+    BaseEnvironment,
+    Task,
+    Verdict,
+    check_split,
+    draw_until,
+    in_benchmark,
+    round_robin,
+    source_of,
+    stable_hash,
+)
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.envs.extraction import extract_json
 from closedloop.rewards.validators import check_schema, field_scores, parse_json

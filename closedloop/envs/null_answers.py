@@ -17,6 +17,7 @@ import re
 from typing import Callable
 
 from closedloop.envs.base import Task
+from closedloop.envs.rules import RuleEngine
 
 # A completion continues the prompt, so a function body is indented; a script or JSON answer is not.
 _COMMON: dict[str, Callable[[Task], str]] = {
@@ -79,8 +80,6 @@ def _extract(task: Task) -> dict[str, str]:
 
 
 def _rules(task: Task) -> dict[str, str]:
-    from closedloop.envs.rules import RuleEngine
-
     spec = task.checks["spec"]
     ids = [rule["id"] for rule in spec["rules"]]
     table = {"default_only": f"decision: {spec['default']}\n"}

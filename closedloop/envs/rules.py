@@ -22,8 +22,18 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import (HELDOUT, BaseEnvironment, Task, Verdict, check_split, draw_until, in_benchmark, round_robin,
-                                  source_of, stable_hash)
+from closedloop.envs.base import (
+    HELDOUT,
+    BaseEnvironment,
+    Task,
+    Verdict,
+    check_split,
+    draw_until,
+    in_benchmark,
+    round_robin,
+    source_of,
+    stable_hash,
+)
 from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.rewards.validators import match_format

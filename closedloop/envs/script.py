@@ -26,11 +26,23 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from closedloop.envs import extraction
-from closedloop.envs.base import (HELDOUT, TRAINED_SLICES, BaseEnvironment, Task, Verdict, check_split, draw_until, in_benchmark,
-                                  not_judged, round_robin, source_of, stable_hash)
+from closedloop.envs.base import (
+    HELDOUT,
+    TRAINED_SLICES,
+    BaseEnvironment,
+    Task,
+    Verdict,
+    check_split,
+    draw_until,
+    in_benchmark,
+    not_judged,
+    round_robin,
+    source_of,
+    stable_hash,
+)
 from closedloop.envs.extraction import Extraction, extract_program
-from closedloop.envs.taskfile import file_tree_problems
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
+from closedloop.envs.taskfile import file_tree_problems
 from closedloop.sandbox.records import ExecResult, Job, Limits
 
 if TYPE_CHECKING:

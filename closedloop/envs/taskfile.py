@@ -19,6 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Literal, Union
 
+from closedloop.envs import ENVIRONMENTS, environment_class
 from closedloop.envs.base import SLICES, SPLITS, Task
 from closedloop.envs.humaneval import TaskFileError, json_records, load_humaneval
 from closedloop.sandbox.records import Job
@@ -150,8 +151,6 @@ def task_check_of(env_class: Any) -> TaskCheck | None:
 
 
 def _class_of(env_name: str, params: Any) -> type | None:
-    from closedloop.envs import ENVIRONMENTS, environment_class
-
     custom = params.envs.custom if params is not None else {}
     if env_name not in ENVIRONMENTS and env_name not in custom:
         return None

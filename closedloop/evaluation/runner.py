@@ -9,6 +9,9 @@ from typing import Any
 from closedloop.config import Params
 from closedloop.envs.base import Task
 from closedloop.evaluation.stats import summarize
+from closedloop.execution.local import LocalExecutor
+from closedloop.models.loading import model_fingerprint
+from closedloop.sampling.shards import sample_sharded
 
 
 def evaluate_policy(
@@ -29,9 +32,6 @@ def evaluate_policy(
     The completions come from the sampler ``params.sample.backend`` names (see sampling/base.py), in
     shards on ``executor``'s workers (None: in this process, as one shard).
     """
-    from closedloop.execution.local import LocalExecutor
-    from closedloop.models.loading import model_fingerprint
-    from closedloop.sampling.shards import sample_sharded
 
     sampled = sample_sharded(executor or LocalExecutor(), params, model_dir, [task.prompt for task in tasks],
                              [t.task_id for t in tasks], k=samples_per_task, seed=seed, batch_size=batch_size,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from closedloop.execution.base import Executor, Resources
+from closedloop.execution.base import Executor, Resources, load
 
 # Imported on first use: Ray loads only when params.yaml asks for it.
 EXECUTORS = {
@@ -15,7 +15,6 @@ EXECUTORS = {
 
 def open_executor(params: Any) -> Executor:
     """The executor for ``params`` (a context manager: close it when the stage is done)."""
-    from closedloop.execution.base import load
 
     cls = load(EXECUTORS[params.execution.backend])
     return cls() if params.execution.backend == "local" else cls(params)

@@ -44,16 +44,38 @@ from typing import Any, Iterator
 
 from closedloop.lineage.gitstate import (  # noqa: F401  (re-exported: callers import them from here)
     DvcError,
+)
+from closedloop.lineage.gitstate import (
     git as _git,
+)
+from closedloop.lineage.gitstate import (
     git_identity_env as _git_identity_env,
-    record_git_state as _git_state,
+)
+from closedloop.lineage.gitstate import (
     git_toplevel as _git_toplevel,
+)
+from closedloop.lineage.gitstate import (
     git_try as _git_try,
+)
+from closedloop.lineage.gitstate import (
     inside_git as _inside_git,
+)
+from closedloop.lineage.gitstate import (
     read_record as _read_json,
+)
+from closedloop.lineage.gitstate import (
+    record_git_state as _git_state,
+)
+from closedloop.lineage.gitstate import (
     remove_stale_git_locks as _remove_stale_git_locks,
+)
+from closedloop.lineage.gitstate import (
     restore_git_state as _restore_git_state,
+)
+from closedloop.lineage.gitstate import (
     wait_for_exit as _wait_for_exit,
+)
+from closedloop.lineage.gitstate import (
     write_record as _write_json,
 )
 

@@ -23,9 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
+from closedloop.io import write_json
+from closedloop.lineage import tracking
 from closedloop.lineage.dvc import DvcError, DvcWorkspace, object_digest
 from closedloop.workspace import BENCHMARK_TASKS, CHAMPION, TRAIN_SET
-
 
 HASH_MEMO = ".dvc/tmp/closedloop-hashes.json"
 
@@ -70,8 +71,6 @@ def check_tracking_store(root: Path, params) -> list[str]:
 
 
 def _check_tracking(root: Path, params, problems: list[str]) -> None:
-    from closedloop.lineage import tracking
-
     if os.environ.get("MLFLOW_TRACKING_URI"):
         source = "MLFLOW_TRACKING_URI"
     elif params.tracking.uri:
@@ -136,8 +135,6 @@ class _Checks:
         return self._digests[key][3]
 
     def save_memo(self) -> None:
-        from closedloop.io import write_json
-
         kept = sorted(key for key in self._seen - self._racy if key in self._digests)
         write_json(self._memo_path, [[*key, *self._digests[key]] for key in kept])
 

@@ -11,11 +11,24 @@ from typing import Any
 
 from closedloop import workspace as paths
 from closedloop.config import Params, write_params
+from closedloop.evaluation.report import decision_sentence, warm_start_sentence
 from closedloop.faults import armed, fault_point, kill_now
 from closedloop.faults import delay_s as fault_delay_s
-from closedloop.io import read_json, read_jsonl, replace_dir, say
+from closedloop.io import read_json, read_jsonl, replace_dir, say, write_json
+from closedloop.lineage import tracking
+from closedloop.lineage import tracking as store
 from closedloop.lineage.dvc import DvcWorkspace
-from closedloop.progress import Progress
+from closedloop.lineage.preflight import check_tracking_store
+from closedloop.lineage.preflight import preflight as check
+from closedloop.lineage.run_metrics import headline, run_figures
+from closedloop.lineage.tracking import DatasetInput
+from closedloop.models.loading import model_fingerprint
+from closedloop.pipeline import ITERATION_STAGES, stage_spec
+from closedloop.progress import Progress, read_progress, stage_completed, started_ms, update_progress, write_progress
+from closedloop.report_page import report_html
+from closedloop.review.labels import inbox_rows_for, merge_inbox, queued_answers
+from closedloop.rewards.sources import feedback_sources
+from closedloop.stage_files import stage_result, timing_path
 from closedloop.training.candidate_record import untrained_reason
 from closedloop.workspace import Workspace
 
@@ -45,7 +58,6 @@ def close_loop(ws: Workspace, closed: str | None = None) -> str:
     keep the champion it started from, not take its own candidate. Otherwise the champion is always
     recorded again with `dvc add` (cheap when unchanged): a kill between copying it and recording it
     must not leave a data/champion.dvc that names the previous champion."""
-    from closedloop.models.loading import model_fingerprint
 
     if closed is not None and has_champion(ws) and model_fingerprint(ws.champion) == closed:
         record_labels(ws)
@@ -73,7 +85,6 @@ def ensure_labels(ws: Workspace) -> tuple[str, ...]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.touch()
     if not ws.review_outcome.exists():
-        from closedloop.io import write_json
 
         write_json(ws.review_outcome, {"iteration": None, "mode": "off", "state": "not_requested",
                                        "reviewers": [], "answers": []})
@@ -95,7 +106,6 @@ def merge_reviews(ws: Workspace, params: Params, resuming: bool = False) -> dict
     A resumed iteration merges nothing: its inputs must be what its first attempt read, and answers
     about its own batch (queued while it ran, or given to its review before the kill) must stay in
     the inbox for its gate and for the next iteration."""
-    from closedloop.review.labels import merge_inbox, queued_answers
 
     ensure_labels(ws)
     counts = {"merged": 0, "duplicates": 0, "known_hacks": 0, "torn": 0}
@@ -131,7 +141,6 @@ def review_settled(ws: Workspace, iteration: int) -> bool:
 
 def write_review_outcome(ws: Workspace, params: Params, state: str, answers: list[dict[str, Any]]) -> dict:
     """data/reports/review.json: what the review of this iteration's batch said before its gate."""
-    from closedloop.io import write_json
 
     outcome = {"iteration": params.loop.iteration, "mode": params.review.mode, "state": state,
                "reviewers": sorted({row["reviewer"] for row in answers}),
@@ -146,7 +155,6 @@ def record_review(ws: Workspace, params: Params, review: dict[str, Any]) -> dict
     """After a review before promotion: the answers this iteration's batch received (from the form, the
     API or `closedloop review`, all waiting in the inbox until the next iteration) become the gate's
     input, recorded with `dvc add`."""
-    from closedloop.review.labels import inbox_rows_for
 
     answers = inbox_rows_for(ws, params.loop.iteration)
     state = "answered" if answers else ("timed_out" if review.get("state") == "timed_out" else review.get("state", ""))
@@ -174,8 +182,6 @@ def begin_iteration(ws: Workspace, params: Params, previous: Params,
     number. The progress record is written before params.yaml, so a kill between the two resumes the
     number the record names and no iteration number is ever skipped."""
     import shutil
-
-    from closedloop.progress import read_progress, write_progress
 
     nxt = params.model_copy(deep=True)
     progress = read_progress(ws.root)
@@ -230,8 +236,6 @@ def push(ws: Workspace, params: Params) -> int:
 
 
 def _tracking(ws: Workspace, params: Params):
-    from closedloop.lineage import tracking
-
     tracking.configure(ws.root, params.tracking.uri, params.tracking.experiment)
     return tracking
 
@@ -239,8 +243,6 @@ def _tracking(ws: Workspace, params: Params):
 def stage_metrics(ws: Workspace, stages: tuple[str, ...], headline: dict[str, float] | None = None) -> dict[str, float]:
     """The run's figures: ``headline`` first, then ``stage/<stage>/...``, ``timing/<stage>`` and
     ``system/<stage>/...`` of each stage that ran (names: lineage.run_metrics)."""
-    from closedloop.lineage.run_metrics import run_figures
-    from closedloop.stage_files import timing_path
 
     numbers, timings = {}, {}
     for stage in stages:
@@ -256,8 +258,6 @@ def stage_metrics(ws: Workspace, stages: tuple[str, ...], headline: dict[str, fl
 def _datasets(ws: Workspace, hashes: dict[str, str], names=BATCH_DATASETS):
     import pandas as pd
 
-    from closedloop.lineage.tracking import DatasetInput
-
     inputs = []
     for name, relative, context in names:
         path = ws.root / relative
@@ -271,10 +271,6 @@ def _datasets(ws: Workspace, hashes: dict[str, str], names=BATCH_DATASETS):
 
 def register_warm_start(ws: Workspace, params: Params) -> str:
     """Iteration 0: log the warm start and register it as the first champion."""
-    from closedloop.evaluation.report import warm_start_sentence
-    from closedloop.lineage.run_metrics import headline
-    from closedloop.progress import read_progress, started_ms
-    from closedloop.rewards.sources import feedback_sources
 
     tracking = _tracking(ws, params)
     dvc = DvcWorkspace(ws.root)
@@ -283,7 +279,7 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
     # The warm start becomes the champion without a gate: "promoted" to it, compared with nothing.
     metrics = stage_metrics(ws, ("benchmark", "warmstart"),
                             headline(evaluation["summary"], None, promoted=True, reward_mean=None))
-    key = {**run_key(ws, 0, "warmstart"), "closedloop.candidate": evaluation["model_version"]}
+    key = {**tracking.run_key(ws.root, 0, "warmstart"), "closedloop.candidate": evaluation["model_version"]}
     logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
     run_id = logged[0] if logged else tracking.log_iteration(
         iteration=0, run_name="iteration-000-warmstart", params=params.model_dump(mode="json"),
@@ -338,13 +334,6 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     ``model_version`` None."""
     import statistics
 
-    from closedloop.evaluation.report import decision_sentence
-    from closedloop.lineage.run_metrics import headline
-    from closedloop.pipeline import ITERATION_STAGES
-    from closedloop.progress import read_progress, started_ms
-    from closedloop.rewards.sources import feedback_sources
-    from closedloop.stage_files import stage_result
-
     iteration = params.loop.iteration
     tracking = _tracking(ws, params)
     dvc = DvcWorkspace(ws.root)
@@ -368,7 +357,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     # run, their 4 MB of identical static files were most of the MLflow store's growth (benchmarks/
     # soak.py). A failed validation logs them (record_failure), where a person will open them.
     artifacts = [ws.gate, ws.evaluation, ws.validation_report]
-    key = {**run_key(ws, iteration, "iteration"), "closedloop.candidate": candidate}
+    key = {**tracking.run_key(ws.root, iteration, "iteration"), "closedloop.candidate": candidate}
     logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
     figures = headline(gate["candidate"], gate["champion"], promoted=promoted,
                        reward_mean=statistics.fmean(rewards) if rewards else None)
@@ -443,7 +432,6 @@ def log_report(ws: Workspace, params: Params, run_id: str, lineage: dict[str, An
     iteration = params.loop.iteration
     started = time.perf_counter()
     try:
-        from closedloop.report_page import report_html
 
         page, _ = report_html(ws, iteration, iteration, lineage)
         tracking = _tracking(ws, params)
@@ -482,11 +470,6 @@ def _save_experiment(dvc: DvcWorkspace, experiment: str) -> str:
     return dvc.exp_save(experiment)
 
 
-def run_key(ws: Workspace, iteration: int, kind: str) -> dict[str, str]:
-    """The tags that name an iteration's MLflow run: a rerun finds it by them."""
-    return {"closedloop.iteration": str(iteration), "closedloop.kind": kind, "closedloop.workspace": str(ws.root)}
-
-
 def end_interrupted_runs(ws: Workspace, params: Params) -> list[str]:
     """End as KILLED the runs of this workspace a killed process left RUNNING (we hold the lock)."""
     tracking = _tracking(ws, params)
@@ -500,8 +483,6 @@ def preflight(ws: Workspace, params: Params, warm_start: bool = False) -> list[s
     processes left RUNNING. Returns (and prints) what it did; raises PreflightError naming every
     problem it could not repair. (The git state a killed `dvc exp save` left is cleaned earlier, when
     the run takes the lock: recover_git_state.)"""
-    from closedloop.lineage.preflight import check_tracking_store
-    from closedloop.lineage.preflight import preflight as check
 
     # The warm start has no benchmark or champion yet to check, but records into the same store.
     notes = check_tracking_store(ws.root, params) if warm_start else check(ws.root, params)
@@ -523,8 +504,6 @@ def stage_done(ws: Workspace, stage: str) -> bool:
 
 def note_stage(ws: Workspace, stage: str, done: bool) -> None:
     """The progress record follows the stages: which one runs, and each one's recorded outputs."""
-    from closedloop.pipeline import stage_spec
-    from closedloop.progress import stage_completed, update_progress
 
     if not done:
         update_progress(ws.root, stage=stage)
@@ -535,14 +514,11 @@ def note_stage(ws: Workspace, stage: str, done: bool) -> None:
 
 def closed_loop_on(ws: Workspace, champion: str) -> None:
     """The progress record keeps the champion the iteration closed its loop on (close_loop's ``closed``)."""
-    from closedloop.progress import update_progress
 
     update_progress(ws.root, champion=champion)
 
 
 def finish_iteration(ws: Workspace) -> None:
-    from closedloop.progress import update_progress
-
     update_progress(ws.root, state="done", stage=None, reason=None)
 
 
@@ -554,12 +530,10 @@ def record_failure(ws: Workspace, params: Params, stage: str, error: BaseExcepti
 
     ``state`` is ``failed`` (run status FAILED) or ``cancelled`` / ``crashed`` (KILLED). The next
     ``closedloop run`` resumes it, unless it is ``final`` (validation refused the batch)."""
-    from closedloop.progress import update_progress
 
     update_progress(ws.root, state=state, stage=stage, reason=str(error)[:4000], final=final)
     iteration = params.loop.iteration if iteration is None else iteration
     try:
-        from closedloop.lineage import tracking as store
 
         # an unreachable server would cost MLflow's retries (minutes) before this fails anyway
         store.check_store(ws.root, params.tracking.uri, timeout_s=5.0)
@@ -568,7 +542,7 @@ def record_failure(ws: Workspace, params: Params, stage: str, error: BaseExcepti
         return tracking.log_iteration(
             iteration=iteration, run_name=f"iteration-{iteration:03d}-{state}",
             params=params.model_dump(mode="json"), metrics={},
-            tags={**run_key(ws, iteration, "iteration"), "closedloop.state": state,
+            tags={**tracking.run_key(ws.root, iteration, "iteration"), "closedloop.state": state,
                   "closedloop.failed_stage": stage, "closedloop.error": str(error)[:4000]},
             rewards=[], datasets=[], artifacts=artifacts, stage_seconds={},
             status="FAILED" if state == "failed" else "KILLED",

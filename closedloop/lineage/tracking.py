@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from closedloop.faults import fault_point
+
 ITERATION_TAG = "closedloop.iteration"
 MODEL_ARTIFACT = "model"
 REFERENCE_ARTIFACT = "reference.json"
@@ -207,7 +209,6 @@ def log_iteration(
         raise FileNotFoundError(f"artifacts to log do not exist: {missing}")
     mlflow = _mlflow()
     from mlflow.entities import Param
-
     from mlflow.tracking.context.registry import resolve_tags
     from mlflow.tracking.fluent import _get_experiment_id
 
@@ -228,7 +229,6 @@ def log_iteration(
         # the untruncated, nested original (default=str: paths and enums in params stay loggable)
         mlflow.log_text(json.dumps(params, indent=2, default=str), "params/params.json")
         _log_metric_batch(client, run_id, all_metrics, step=iteration)
-        from closedloop.faults import fault_point
 
         fault_point("version:mlflow-log")  # tests kill a run here: the MLflow run open, half logged
         for ds in datasets:
@@ -460,6 +460,11 @@ def find_runs(experiment: str, tags: Mapping[str, str], status: str | None = Non
     runs = client.search_runs([found.experiment_id], filter_string=" and ".join(clauses),
                               order_by=["attributes.start_time DESC"])
     return [run.info.run_id for run in runs]
+
+
+def run_key(workspace: Path | str, iteration: int, kind: str) -> dict[str, str]:
+    """The tags that name an iteration's MLflow run: a rerun finds it by them."""
+    return {"closedloop.iteration": str(iteration), "closedloop.kind": kind, "closedloop.workspace": str(workspace)}
 
 
 def end_interrupted_runs(experiment: str, tags: Mapping[str, str], reason: str) -> list[str]:

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from closedloop.models.loading import save_policy
+
 if TYPE_CHECKING:
     from closedloop.config import BuiltinModelParams
 
@@ -106,7 +108,6 @@ def create_builtin(
     params: "BuiltinModelParams", corpus: Iterable[str], out_dir: Path, seed: int
 ) -> Path:
     """Train the tokenizer, build the model, and save both as one Hugging Face directory."""
-    from closedloop.models.loading import save_policy
 
     tokenizer = train_tokenizer(corpus, params.vocab_size, params.split_digits)
     model = build_builtin_model(params, tokenizer, seed)

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 # Arguments of from_pretrained that transformers 5 writes back into tokenizer_config.json.
 _LOADER_KEYS = frozenset({"is_local", "local_files_only", "name_or_path", "_commit_hash", "cache_dir"})
 

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from closedloop.models.prompts import prompt_format, resolve_stop
+
 SETTINGS_FILE = "closedloop_sampling.json"
 FIELDS = ("temperature", "top_p", "max_new_tokens", "stop", "prompt_format", "chat_template", "system_prompt")
 # The prompt fields of a model saved before they were recorded: raw prompts, no template.
@@ -26,7 +28,6 @@ def settings_record(settings: Any, prompt: dict[str, Any] | None = None) -> dict
     """The recorded fields of a SamplingSettings and of the prompt format (a PromptFormat.record():
     the format, the chat template's hash, the system prompt, the stop strings in force; raw prompts
     when None)."""
-    from closedloop.models.prompts import resolve_stop
 
     return {
         "temperature": settings.temperature,
@@ -41,8 +42,6 @@ def prompt_record_of(model_dir: Path, params: Any) -> dict[str, Any]:
     """The prompt format ``params`` gives the model in ``model_dir`` (its own tokenizer decides
     whether ``prompt_format: auto`` means chat), as recorded with the sampling settings."""
     from transformers import AutoTokenizer
-
-    from closedloop.models.prompts import prompt_format
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     return prompt_format(params.sample, params.model, tokenizer).record(tokenizer)

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-
 Verdict = Literal["ok", "warn", "fail", "skipped"]
 
 # metrics/monitors.json holds numbers only: each verdict as a code (DVC and MLflow compare numbers).

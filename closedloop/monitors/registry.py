@@ -11,8 +11,16 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from closedloop.monitors import (anomaly_rates, canary, format_only_wins, grpo_health, length_inflation,
-                                 proxy_gold_divergence, reward_shift, verifier_shift)
+from closedloop.monitors import (
+    anomaly_rates,
+    canary,
+    format_only_wins,
+    grpo_health,
+    length_inflation,
+    proxy_gold_divergence,
+    reward_shift,
+    verifier_shift,
+)
 from closedloop.monitors.base import IterationData, MonitorResult, Threshold, skipped
 
 if TYPE_CHECKING:

@@ -13,6 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from closedloop.envs import EnvironmentError_
+from closedloop.envs.base import Task
+from closedloop.io import read_jsonl, say
+from closedloop.rewards.combine import combine
 from closedloop.workspace import CANARY_CHECK  # noqa: F401  (its readers import it from here)
 
 KINDS = ("reference", "blank")  # the reference must keep scoring 1.0, the blank one 0
@@ -39,7 +43,6 @@ def benchmark_records(path: Path) -> list[dict[str, Any]]:
     """The benchmark tasks the canary is drawn from. A workspace without a benchmark yet (a stage run on
     its own, outside the pipeline, whose dvc.yaml makes the file a dep of the reward stage) has no
     canary: said on stderr, and the canary monitor then says it was skipped."""
-    from closedloop.io import read_jsonl, say
 
     if not Path(path).exists():
         say(f"closedloop: warning: {path} not found: no benchmark canary this time")
@@ -55,9 +58,6 @@ def check_canary(canary: list[tuple[str, str, dict, str, str]], verifiers: Any,
     the verifier's version. ``verifiers`` is an EnvPools; ``weights_of(env)`` and
     ``version_of(name, env)`` as for check_known_hacks. A canary of an environment params.yaml no longer
     knows is ``skipped`` with no reward (nothing to compare it with)."""
-    from closedloop.envs import EnvironmentError_
-    from closedloop.envs.base import Task
-    from closedloop.rewards.combine import combine
 
     by_env: dict[str, list[tuple]] = {}
     for entry in canary:

@@ -7,7 +7,7 @@ Each environment's verifier is a source (rewards/verifier.py), human review is a
       sources:
         judge: {entry: "mypkg.judge:LLMJudge", options: {url: "http://..."}, weights: {judge: 0.5}}
 
-The reward stage takes every source from :func:`build_sources` and reads what each says through
+The reward stage takes every source from :func:`closedloop.rewards.composition.build_sources` and reads what each says through
 :func:`feedback_of`; it never branches on a source's name (ARCHITECTURE rule 8). Plain records go in
 and plain dicts come out (rule 10): tasks as ``{task_id: task record}``, samples as sample rows.
 """
@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
-
-if TYPE_CHECKING:
-    from closedloop.config import Params
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 ENTRY_POINT_GROUP = "closedloop.feedback_sources"
 
@@ -104,109 +101,3 @@ def check_scores(source: Any, scores: Any, sample_ids: set[str]) -> Scores:
         if applied:
             out[sample_id] = applied
     return out
-
-
-class UserSource:
-    """A user's source as params.yaml names it: its name is the key under ``reward.sources``, and its
-    version a hash of its class's code, its options and its own ``version``, so an edited judge or
-    prompt shows up in the rows even when its author forgets to bump ``version``."""
-
-    def __init__(self, name: str, inner: Any, options: Mapping[str, Any],
-                 weights: Mapping[str, float] | None = None) -> None:
-        from closedloop.rewards.combine import source_version
-
-        self.name = name
-        self.inner = inner
-        self.components = tuple(inner.components)
-        self.weights = dict(weights or {})  # params.yaml's; a component missing here gets the default
-        self.version = source_version(type(inner), {"options": dict(options),
-                                                     "version": str(getattr(inner, "version", ""))})
-
-    def score(self, tasks: Mapping[str, dict], samples: Sequence[dict]) -> Scores:
-        return self.inner.score(tasks, samples)
-
-
-def user_sources(params: Params) -> list[UserSource]:
-    """Every source under ``reward.sources``, constructed with ``cls(**options)``, in name order."""
-    sources = []
-    for name, section in sorted(params.reward.sources.items()):
-        where = f"params.yaml reward.sources.{name}"
-        cls = _load(section.entry, f"{where}.entry")
-        try:
-            inner = cls(**section.options)
-        except TypeError as error:  # an option its constructor does not take, or one it needs
-            raise FeedbackSourceError(f"{where}.options: {section.entry} does not accept them: {error}") from None
-        missing = [member for member in ("components", "score") if not hasattr(inner, member)]
-        if missing:
-            raise FeedbackSourceError(f"{where}.entry: {section.entry} lacks {missing} "
-                                      "(see closedloop.rewards.feedback.FeedbackSource)")
-        source = UserSource(name, inner, section.options, section.weights)
-        unknown = sorted(set(section.weights) - set(source.components))
-        if unknown:
-            raise FeedbackSourceError(f"{where}.weights: unknown components {unknown}; "
-                                      f"{name} has {list(source.components)}")
-        sources.append(source)
-    return sources
-
-
-def source_weights(verifier_weights: Mapping[str, float], sources: Sequence[Any]) -> dict[str, float]:
-    """The weights an environment's reward combines: its verifier's, and every other source's
-    components (``human``, the user's), as each source's ``weights`` gives them (params.yaml).
-
-    A human label or a user source left unweighted counts as much as the environment's heaviest
-    verifier component: a person who read the sample knows at least as much as the strongest
-    automatic signal, so a "wrong" or "reward hacking" score must be able to pull a verifier's full
-    marks down to half; yet it stays a weighted mean, so one reviewer cannot override every check.
-    """
-    heaviest = max(verifier_weights.values(), default=1.0)
-    weights = dict(verifier_weights)
-    for source in sources:
-        configured = getattr(source, "weights", {})
-        for component in source.components:
-            weights[component] = configured.get(component, heaviest)
-    return weights
-
-
-def check_disjoint(sources: Sequence[Any]) -> None:
-    """Two sources giving a component of the same name would overwrite each other in the rows."""
-    owner: dict[str, str] = {}
-    for source in sources:
-        for component in source.components:
-            if component in owner and owner[component] != source.name:
-                raise FeedbackSourceError(f"feedback sources {owner[component]!r} and {source.name!r} both give "
-                                          f"component {component!r}; rename one (reward.sources)")
-            owner[component] = source.name
-
-
-def _load(entry: str, where: str) -> type:
-    from closedloop.entries import load_entry
-
-    return load_entry(entry, where, ENTRY_POINT_GROUP, FeedbackSourceError)
-
-
-@dataclass
-class Sources:
-    """What the reward stage composes: each environment's verifier, and the sources that score every
-    environment's samples (the human labels, then the user's), in the order rows are assembled."""
-
-    verifiers: dict[str, Any]  # env name -> its verifier source
-    shared: list[Any]
-
-    def all(self) -> list[Any]:
-        return [*self.verifiers.values(), *self.shared]
-
-
-def build_sources(params: Params, verifiers: Any, env_names: Sequence[str], labels_path: Any) -> Sources:
-    """The factory: a verifier source per environment in ``env_names`` (over ``verifiers``, an
-    EnvPools), the human labels of ``labels_path``, every source under ``reward.sources``."""
-    from closedloop.rewards.human import HumanLabels
-    from closedloop.rewards.sources import component_versions, verifier_version
-    from closedloop.rewards.verifier import VerifierSource
-
-    by_env = {}
-    for name in env_names:
-        env = verifiers.env(name)
-        by_env[name] = VerifierSource(name, verifiers, verifier_version(name, env, params),
-                                      component_versions(env, params))
-    human = HumanLabels.from_file(labels_path, weight=params.reward.human.weight)
-    return Sources(verifiers=by_env, shared=[human, *user_sources(params)])

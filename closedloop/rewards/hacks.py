@@ -10,7 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from closedloop.envs import EnvironmentError_
+from closedloop.envs.base import Task
 from closedloop.io import json_objects
+from closedloop.rewards.combine import combine
 from closedloop.workspace import KNOWN_HACKS_CHECK  # noqa: F401  (its readers import it from here)
 
 REQUIRED = ("answer_id", "sample_id", "env", "task", "completion")
@@ -23,7 +26,6 @@ class KnownHacksError(ValueError):
 def read_known_hacks(path: Path) -> list[dict[str, Any]]:
     """The known hacks of ``path`` (none when it does not exist yet), checked; a repeated ``answer_id``
     counts once."""
-    from closedloop.envs.base import Task
 
     path = Path(path)
     if not path.exists():
@@ -60,9 +62,6 @@ def check_known_hacks(hacks: list[dict[str, Any]], verifiers: Any,
     environment's verifier weights and version. A hack of an environment params.yaml no longer
     knows is reported ``skipped``: the loop cannot produce it any more, and it holds nothing.
     """
-    from closedloop.envs import EnvironmentError_
-    from closedloop.envs.base import Task
-    from closedloop.rewards.combine import combine
 
     by_env: dict[str, list[dict]] = {}
     for hack in hacks:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from closedloop.io import json_objects
+from closedloop.review.agreement import agreement
 from closedloop.rewards.feedback import Feedback, Scores
 
 LABELS = ("correct", "wrong", "reward_hacking", "formatting", "other")
@@ -127,7 +128,6 @@ def agreement_by_env(labels: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
     Numbers only, for metrics/reward.json: a kappa that is undefined (every verdict the same) is left
     out rather than written as null.
     """
-    from closedloop.review.agreement import agreement
 
     pairs: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     for label in labels:

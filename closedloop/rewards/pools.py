@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from closedloop.config import Params
+from closedloop.envs import environment_class, get_env
+from closedloop.sandbox import Limits, SandboxPool, SandboxUnavailable
+from closedloop.sandbox.pool import DEFAULT_PRELOAD
 
 
 class SandboxSetupError(RuntimeError):
@@ -20,9 +23,6 @@ class SandboxSetupError(RuntimeError):
 def sandbox_pool(params: Params, env: str = "code", workers: int | None = None):
     """A sandbox pool with environment ``env``'s limits and isolation (its section's ``sandbox``) and
     the modules its jobs use preloaded in every worker; ``workers`` (default ``reward.workers``) processes."""
-    from closedloop.envs import environment_class
-    from closedloop.sandbox import Limits, SandboxPool
-    from closedloop.sandbox.pool import DEFAULT_PRELOAD
 
     settings = params.envs.section(env).sandbox
     preload = DEFAULT_PRELOAD + tuple(getattr(environment_class(env, params), "sandbox_preload", ()))
@@ -46,7 +46,6 @@ class EnvPools:
 
     def env(self, name: str):
         if name not in self._envs:
-            from closedloop.envs import get_env
 
             self._envs[name] = get_env(name, self.params)
         return self._envs[name]
@@ -55,7 +54,6 @@ class EnvPools:
         if not self.env(name).uses_sandbox:
             return None
         if name not in self._pools:
-            from closedloop.sandbox import SandboxUnavailable
 
             try:
                 self._pools[name] = sandbox_pool(self.params, name, self.sandbox_workers).__enter__()

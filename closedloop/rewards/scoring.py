@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from closedloop.config import Params
-from closedloop.rewards.feedback import Feedback
+from closedloop.envs import reward_weights
+from closedloop.rewards.combine import reward_row
+from closedloop.rewards.composition import build_sources, check_disjoint, source_weights
+from closedloop.rewards.feedback import Feedback, feedback_of
+from closedloop.rewards.sources import feedback_sources
 
 
 def score_batch(params: Params, tasks: Mapping[str, dict], samples: Sequence[dict], verifiers: Any,
@@ -24,12 +28,8 @@ def score_batch(params: Params, tasks: Mapping[str, dict], samples: Sequence[dic
     computed here when the caller has not already. Raises LabelsError or FeedbackSourceError (their
     messages name the file, line or source) before any row exists.
     """
-    from closedloop.envs import reward_weights
-    from closedloop.rewards.combine import reward_row
-    from closedloop.rewards.feedback import build_sources, check_disjoint, feedback_of, source_weights
 
     if combiner_version is None:
-        from closedloop.rewards.sources import feedback_sources
 
         combiner_version = feedback_sources(params)["combiner"]
     env_names = sorted({s["env"] for s in samples})

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import closedloop.sandbox as sandbox
 from closedloop.config import Params
+from closedloop.envs import get_env, reward_weights
+from closedloop.lineage.validation import suite_fingerprint
 from closedloop.rewards.combine import combine, source_version
+from closedloop.rewards.user_sources import user_sources
 
 
 def component_versions(env: Any, params: Params) -> dict[str, str]:
@@ -36,9 +40,6 @@ def feedback_sources(params: Params) -> dict[str, str]:
 
     The human labels' version is the hash of the labels file, which only the reward stage reads: it
     is in each row a label applied to, and in data/batch/reward_sources.json."""
-    from closedloop.envs import get_env, reward_weights
-    from closedloop.lineage.validation import suite_fingerprint
-    from closedloop.rewards.feedback import user_sources
 
     sources: dict[str, str] = {}
     weights = {}
@@ -73,8 +74,6 @@ def _sandbox_code() -> str:
     """A hash of the sandbox's own code: its grading and jailing decide verdicts as much as the env's."""
     import hashlib
     from pathlib import Path
-
-    import closedloop.sandbox as sandbox
 
     digest = hashlib.sha256()
     for path in sorted(Path(sandbox.__file__).parent.glob("*.py")):

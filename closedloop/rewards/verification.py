@@ -17,7 +17,12 @@ import time
 from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
-from closedloop.config import Params
+from closedloop.config import Params, parse_params
+from closedloop.envs import get_env
+from closedloop.envs.base import Task, Verdict
+from closedloop.execution.base import split
+from closedloop.execution.factory import shard_resources
+from closedloop.rewards.pools import EnvPools
 
 VERIFIER_WORKER = "closedloop.rewards.verification:VerifierWorker"
 
@@ -26,14 +31,10 @@ class VerifierWorker:
     """Its own EnvPools (``setup``: ``params`` as a dict, ``sandbox_workers``); verifies shards."""
 
     def __init__(self, setup: dict) -> None:
-        from closedloop.config import parse_params
-        from closedloop.rewards.pools import EnvPools
-
         self.pools = EnvPools(parse_params(setup["params"]), setup.get("sandbox_workers"))
 
     def run(self, shard: dict) -> dict[str, Any]:
         """``shard``: env, tasks (records), completions → their verdicts as dicts, and the seconds."""
-        from closedloop.envs.base import Task
 
         env = shard["env"]
         started = time.perf_counter()
@@ -77,14 +78,12 @@ class ShardedVerifiers:
 
     def env(self, name: str):
         if name not in self._envs:
-            from closedloop.envs import get_env
 
             self._envs[name] = get_env(name, self.params)
         return self._envs[name]
 
     def prefetch(self, requests: Iterable[tuple[str, Any, str]]) -> None:
         """Verify every (environment, Task, completion) not verified yet, all environments at once."""
-        from closedloop.execution.base import split
 
         pending: dict[str, dict[tuple[str, str, str], tuple[dict, str]]] = {}
         for env_name, task, completion in requests:
@@ -106,7 +105,6 @@ class ShardedVerifiers:
                 keys.append([key for key, _ in chunk])
         if not shards:
             return
-        from closedloop.envs.base import Verdict
 
         for shard, shard_keys, result in zip(shards, keys, self._workers().map(shards)):
             env_name = shard["env"]
@@ -132,7 +130,6 @@ class ShardedVerifiers:
 
     def _workers(self):
         if self._pool is None:
-            from closedloop.execution.factory import shard_resources
 
             resources = shard_resources(self.params, gpus=False)
             # reward.workers 0 (one sandbox process per core): per worker, the cores it was given.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
+from closedloop.envs.base import Task
 from closedloop.rewards.feedback import Feedback, Scores
 
 
@@ -29,8 +30,6 @@ class VerifierSource:
         return self.feedback(tasks, samples).components
 
     def feedback(self, tasks: Mapping[str, dict], samples: Sequence[dict]) -> Feedback:
-        from closedloop.envs.base import Task
-
         mine = [s for s in samples if s["env"] == self.env_name]
         started = time.perf_counter()
         verdicts = self.verifiers.verify_batch(self.env_name, [Task.from_record(tasks[s["task_id"]]) for s in mine],

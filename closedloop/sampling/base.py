@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from closedloop.models.prompts import PromptFormatError, prompt_format
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -138,8 +140,6 @@ class SamplerBase:
         self.model_dir = Path(model_dir)
 
     def _resolve_prompt_format(self, tokenizer: Any) -> None:
-        from closedloop.models.prompts import PromptFormatError, prompt_format
-
         try:
             self.prompt_format = prompt_format(self.settings, self.params.model, tokenizer)
         except PromptFormatError as error:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from closedloop.sampling.base import eos_token_ids
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -124,8 +126,6 @@ def generate(
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    from closedloop.sampling.base import eos_token_ids
-
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids = eos_token_ids(configured, tokenizer.eos_token_id)
     if not ids:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from closedloop.models.loading import load_policy
 from closedloop.sampling.base import Capabilities, Completion, SamplerBase, SamplingStats
+from closedloop.sampling.hf import generate
 
 
 class HfSampler(SamplerBase):
@@ -14,7 +16,6 @@ class HfSampler(SamplerBase):
 
     def __init__(self, params: Any, model_dir: Path) -> None:
         super().__init__(params, model_dir)
-        from closedloop.models.loading import load_policy
 
         model = params.model
         self.model, tokenizer = load_policy(model_dir, device=model.device, dtype=model.dtype)
@@ -23,8 +24,6 @@ class HfSampler(SamplerBase):
 
     def sample(self, prompts: list[str], *, k: int, seed: int, batch_size: int,
                progress: bool = False, first: int = 0) -> tuple[list[list[Completion]], SamplingStats]:
-        from closedloop.sampling.hf import generate
-
         s = self.settings
         unit = self.shard_unit(s, k, batch_size)
         if first % unit:

@@ -22,8 +22,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from closedloop.sampling.base import (Capabilities, Completion, SamplerBase, SamplingError, SamplingStats, cut_at_stop,
-                                      eos_token_ids)
+from closedloop.models.loading import model_fingerprint
+from closedloop.sampling.base import (
+    Capabilities,
+    Completion,
+    SamplerBase,
+    SamplingError,
+    SamplingStats,
+    cut_at_stop,
+    eos_token_ids,
+)
+from closedloop.sampling.server import start_server
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -46,7 +55,6 @@ class OpenAISampler(SamplerBase):
         self.bos_prefix = _duplicate_bos(tokenizer) if self.prompt_format.kind == "chat" else ""
         self.process = None
         if server.managed:
-            from closedloop.sampling.server import start_server
 
             self.process = start_server(self.model_dir, params)
             self.url, self.served_model = self.process.url, self.process.model
@@ -71,7 +79,6 @@ class OpenAISampler(SamplerBase):
     # -- the served model ----------------------------------------------------------------------
     def _check_model(self, configured: str | None) -> str:
         """The served model's name; refuse a server that does not serve the model being sampled."""
-        from closedloop.models.loading import model_fingerprint
 
         listed = [m.get("id") for m in self._request("GET", "/models").get("data", [])]
         if self.process is not None:

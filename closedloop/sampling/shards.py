@@ -14,6 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from closedloop.config import parse_params
+from closedloop.execution.base import split
+from closedloop.execution.factory import shard_resources
+from closedloop.sampling.base import Completion, SamplingStats, backend_class, check_prompt_lengths, open_sampler
+
 SAMPLE_WORKER = "closedloop.sampling.shards:SampleWorker"
 
 
@@ -21,16 +26,12 @@ class SampleWorker:
     """Opens the sampler once (``setup``: ``params`` as a dict, ``model_dir``), then samples shards."""
 
     def __init__(self, setup: dict) -> None:
-        from closedloop.config import parse_params
-        from closedloop.sampling.base import open_sampler
-
         self.params = parse_params(setup["params"])
         self.sampler = open_sampler(self.params, Path(setup["model_dir"]))
 
     def run(self, shard: dict) -> dict[str, Any]:
         """``shard``: prompts, names (task ids), first, seed, k, batch_size, progress → each prompt's
         completions as dicts, and what the sampler can return."""
-        from closedloop.sampling.base import check_prompt_lengths
 
         settings = self.params.sample
         check_prompt_lengths(self.sampler, shard["prompts"], shard["names"], settings.max_new_tokens)
@@ -48,7 +49,6 @@ class SampleWorker:
 def sample_shards(prompts: list[str], names: list[str], *, shards: int, unit: int, seed: int, k: int,
                   batch_size: int, progress: bool = False) -> list[dict]:
     """The shards of a sampling run: contiguous task ranges on ``unit`` boundaries."""
-    from closedloop.execution.base import split
 
     return [{"prompts": prompts[r.start:r.stop], "names": names[r.start:r.stop], "first": r.start, "seed": seed,
              "k": k, "batch_size": batch_size, "progress": progress}
@@ -69,8 +69,6 @@ def sample_sharded(executor: Any, params: Any, model_dir: Path, prompts: list[st
     """k completions per prompt from the model in ``model_dir``, in ``execution.shards`` shards on
     ``executor``'s workers (one sampler each). Raises the sampler's SamplingError (a prompt too long
     names its task)."""
-    from closedloop.execution.factory import shard_resources
-    from closedloop.sampling.base import Completion, SamplingStats, backend_class
 
     unit = backend_class(params).shard_unit(params.sample, k, batch_size)
     shards = sample_shards(prompts, names, shards=params.execution.shards, unit=unit, seed=seed, k=k,

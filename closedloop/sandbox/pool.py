@@ -36,7 +36,6 @@ from typing import Any
 from closedloop.sandbox import isolation as jail_setup
 from closedloop.sandbox.child import decode, encode
 from closedloop.sandbox.grader import CandidateError, JobOver, TestProgram, TestVerdict, call_key, same_value
-
 from closedloop.sandbox.records import ISOLATION_MODES, CallOutcome, ExecResult, Job, Limits, infra_error
 
 _HEADER = struct.Struct(">I")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
 from closedloop.io import write_json
+from closedloop.pipeline import PLOTS_MODULE, stage_spec
 from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, split_rates, timing_path
 from closedloop.workspace import Workspace
 
@@ -34,8 +35,6 @@ class StageError(RuntimeError):
 
 
 def stage_function(name: str) -> Callable[[StageContext], dict[str, Any]]:
-    from closedloop.pipeline import stage_spec
-
     module = importlib.import_module(stage_spec(name).module)  # stage_spec: a clear error for an unknown name
     return module.run
 
@@ -49,7 +48,6 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
     The DVC command (`closedloop stage NAME`) and the Prefect task both come through here. Returns
     what the stage returned, with ``seconds`` and the whole ``timing``.
     """
-    from closedloop.pipeline import PLOTS_MODULE, stage_spec
 
     ws = Workspace.at(workspace)
     params = params or load_params(ws.root)

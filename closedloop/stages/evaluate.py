@@ -7,13 +7,13 @@ of their own: the gate decides those groups on the second measurement (evaluatio
 
 from __future__ import annotations
 
+from closedloop.envs.base import load_tasks
 from closedloop.evaluation.gate import groups, regressed_groups
 from closedloop.evaluation.runner import evaluate_policy
-from closedloop.io import write_json
-from closedloop.sampling.base import SamplingError
 from closedloop.execution.factory import open_executor
+from closedloop.io import write_json
 from closedloop.rewards.verification import ShardedVerifiers
-from closedloop.envs.base import load_tasks
+from closedloop.sampling.base import SamplingError
 from closedloop.stages.common import StageContext, StageError
 from closedloop.stages.prompting import check_sampling_settings
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from closedloop.envs.base import load_tasks
 from closedloop.grading import bucket_counts, bucket_of, build_fix_pairs, fix_pair_record, training_records
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.review.sample import STRATA, draw
-from closedloop.envs.base import load_tasks
 from closedloop.stages.common import StageContext, StageError
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from closedloop import workspace as paths
 from closedloop.io import BatchFileError, json_objects, read_json, write_json
+from closedloop.lineage.dvc import ITERATION_EXPERIMENT, DvcError, DvcWorkspace
 from closedloop.monitors import IterationData, numbers, report, run_monitors
 from closedloop.stage_files import info_path, merge, metrics_path
 from closedloop.stages.common import StageContext, StageError
@@ -58,7 +59,6 @@ def _current(ctx: StageContext) -> IterationData:
 
 def _at_experiment(ctx: StageContext, name: str) -> IterationData:
     """The batch experiment ``name`` saved; a file it lacks (saved before that file existed) is empty."""
-    from closedloop.lineage.dvc import ITERATION_EXPERIMENT, DvcError, DvcWorkspace
 
     dvc = DvcWorkspace(ctx.ws.root)
     match = ITERATION_EXPERIMENT.fullmatch(name)

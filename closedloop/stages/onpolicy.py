@@ -27,8 +27,17 @@ from typing import Any
 
 from closedloop.envs.base import Task
 from closedloop.execution import ray_backend
+from closedloop.execution.factory import open_executor
 from closedloop.faults import fault_point
 from closedloop.io import read_jsonl, write_jsonl
+from closedloop.models.loading import save_policy
+from closedloop.models.settings import save_settings
+from closedloop.rewards.feedback import FeedbackSourceError
+from closedloop.rewards.human import LabelsError
+from closedloop.rewards.scoring import score_batch
+from closedloop.rewards.verification import ShardedVerifiers
+from closedloop.sampling.base import SamplingError
+from closedloop.sampling.shards import sample_sharded
 from closedloop.stages.common import StageContext, StageError
 
 ROUND_FILE = "round.json"
@@ -48,13 +57,6 @@ def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, 
     """k samples per task from the policy saved in ``policy_dir``, each scored as the reward stage
     scores the batch: one row per sample with its tokens, log-probabilities and, under "scored", its
     rewards.jsonl row (the train_rounds.jsonl rows)."""
-    from closedloop.execution.factory import open_executor
-    from closedloop.rewards.feedback import FeedbackSourceError
-    from closedloop.rewards.human import LabelsError
-    from closedloop.rewards.scoring import score_batch
-    from closedloop.rewards.verification import ShardedVerifiers
-    from closedloop.sampling.base import SamplingError
-    from closedloop.sampling.shards import sample_sharded
 
     settings = ctx.params.sample
     with open_executor(executor_params(ctx.params)) as executor:
@@ -113,9 +115,6 @@ class RoundStore:
         """Save round ``number``'s policy and record; written to a staging directory and renamed, so a
         kill leaves either the whole round or none of it."""
         import torch
-
-        from closedloop.models.loading import save_policy
-        from closedloop.models.settings import save_settings
 
         target = self.policy_dir(number)
         staging = target.with_name(target.name + ".partial")

@@ -9,12 +9,11 @@ promotion writes no weights, and never into a file another version shares.
 from __future__ import annotations
 
 from closedloop.io import read_json, replace_dir
+from closedloop.models.loading import model_fingerprint
 from closedloop.stages.common import StageContext
 
 
 def run(ctx: StageContext) -> dict:
-    from closedloop.models.loading import model_fingerprint
-
     decision = read_json(ctx.ws.gate)
     source = ctx.ws.candidate if decision["promote"] else ctx.ws.champion
     replace_dir(source, ctx.ws.next_champion)

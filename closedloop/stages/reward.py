@@ -9,18 +9,23 @@ import time
 from collections import Counter, defaultdict
 
 from closedloop.envs import reward_weights
-from closedloop.envs.base import Task
+from closedloop.envs.base import Task, load_tasks
 from closedloop.execution.factory import open_executor
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.nested import deep_merge
-from closedloop.rewards.feedback import FeedbackSourceError
 from closedloop.rewards.canary import benchmark_records, canary_figures, canary_set, check_canary
-from closedloop.rewards.hacks import KNOWN_HACKS_CHECK, KnownHacksError, check_known_hacks, hack_figures, read_known_hacks
+from closedloop.rewards.feedback import FeedbackSourceError
+from closedloop.rewards.hacks import (
+    KNOWN_HACKS_CHECK,
+    KnownHacksError,
+    check_known_hacks,
+    hack_figures,
+    read_known_hacks,
+)
 from closedloop.rewards.human import LabelsError
 from closedloop.rewards.scoring import score_batch
 from closedloop.rewards.sources import feedback_sources, verifier_version
 from closedloop.rewards.verification import ShardedVerifiers
-from closedloop.envs.base import load_tasks
 from closedloop.stages.common import StageContext, StageError
 
 

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from collections import Counter
 
-from closedloop.io import write_jsonl
 from closedloop.envs.base import load_tasks
+from closedloop.execution.factory import open_executor
+from closedloop.io import write_jsonl
+from closedloop.models.loading import model_fingerprint
+from closedloop.sampling.base import SamplingError
+from closedloop.sampling.shards import sample_sharded
 from closedloop.stages.common import StageContext, StageError
 from closedloop.stages.prompting import check_sampling_settings
 
 
 def run(ctx: StageContext) -> dict:
-    from closedloop.execution.factory import open_executor
-    from closedloop.models.loading import model_fingerprint
-    from closedloop.sampling.base import SamplingError
-    from closedloop.sampling.shards import sample_sharded
-
     settings = ctx.params.sample
     tasks = load_tasks(ctx.ws.tasks)
     mismatches = check_sampling_settings(ctx.ws.champion, ctx.params)

@@ -26,12 +26,22 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 
+from closedloop.config import parse_params
 from closedloop.envs.base import load_tasks
+from closedloop.execution.factory import open_executor, train_resources
 from closedloop.io import read_json, read_jsonl, write_jsonl
+from closedloop.lineage.dvc import DvcError, DvcWorkspace
+from closedloop.models.loading import load_policy, model_fingerprint, save_policy
+from closedloop.models.settings import save_settings
+from closedloop.rewards.shaping import shaped_reward
 from closedloop.stages.common import StageContext, StageError
 from closedloop.stages.onpolicy import RoundStore, figures_of, round_parts, sample_and_score
 from closedloop.stages.prompting import prompt_format_of
 from closedloop.training.candidate_record import TRAINING_FILE
+from closedloop.training.causal_lm import Carry, Checkpointing, Example, ResumeRefused, train_causal_lm, use_bf16
+from closedloop.training.grpo import GrpoStats, Rollout, combine_stats, train_grpo
+from closedloop.training.lora import merged, with_lora
+from closedloop.workspace import TRAIN_SET, Workspace
 
 TRAIN_FUNCTION = "closedloop.stages.train:train_on_worker"
 
@@ -40,7 +50,6 @@ def run(ctx: StageContext) -> dict:
     """Train where ``execution`` says: in this process (local), or as a Ray task on a worker with
     ``execution.ray.train_num_cpus`` / ``train_num_gpus``, apart from the sampling and reward workers.
     The task reads and writes the workspace by its absolute path (on a cluster: a shared filesystem)."""
-    from closedloop.execution.factory import open_executor, train_resources
 
     payload = {"workspace": str(ctx.ws.root.resolve()), "params": ctx.params.model_dump(mode="json"),
                "progress": ctx.progress}
@@ -53,18 +62,12 @@ def run(ctx: StageContext) -> dict:
 
 def train_on_worker(payload: dict) -> dict:
     """The train stage's work, from plain records (what crosses to a Ray worker)."""
-    from closedloop.config import parse_params
-    from closedloop.workspace import Workspace
 
     return train(StageContext(ws=Workspace.at(payload["workspace"]), params=parse_params(payload["params"]),
                               progress=payload["progress"]))
 
 
 def train(ctx: StageContext) -> dict:
-    from closedloop.models.loading import load_policy, model_fingerprint, save_policy
-    from closedloop.models.settings import save_settings
-    from closedloop.training.causal_lm import Checkpointing, ResumeRefused, use_bf16
-
     report = read_json(ctx.ws.validation_report)
     if not report.get("success"):
         raise StageError(f"{ctx.ws.validation_report}: the batch failed validation; refusing to train on it")
@@ -85,8 +88,6 @@ def train(ctx: StageContext) -> dict:
     seed = ctx.seed("train")
     if params.lora.enabled:
         import torch
-
-        from closedloop.training.lora import with_lora
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the adapters' initialisation
@@ -115,7 +116,6 @@ def train(ctx: StageContext) -> dict:
         raise StageError(str(error)) from None
 
     if params.lora.enabled:
-        from closedloop.training.lora import merged
 
         model = merged(model)
     reason = figures.pop("untrained_reason")  # used only when nothing was trained
@@ -137,8 +137,6 @@ def train(ctx: StageContext) -> dict:
 
 
 def _train_supervised(ctx: StageContext, model, tokenizer, seed: int, checkpoint, encode_prompt) -> dict:
-    from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
-
     params = ctx.params.train
     records: list[dict] = []
     replay: dict[str, int] = {}
@@ -205,8 +203,6 @@ def training_budget(new: int, references: int, *, mode: str, steps: int | None, 
 def replay_positives(ctx: StageContext, current: list[dict]) -> tuple[list[dict], dict[str, int]]:
     """Positives of the batches saved as the experiments in ``train.replay.versions``, read through
     DVC; see :func:`select_replay` for which are kept."""
-    from closedloop.lineage.dvc import DvcError, DvcWorkspace
-    from closedloop.workspace import TRAIN_SET
 
     replay = ctx.params.train.replay
     if not replay.versions or replay.max_fraction == 0:
@@ -258,9 +254,6 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
     """grpo over ``train.grpo.rounds`` generations (closedloop.stages.onpolicy): round 1 on the sample
     stage's samples, each later round on samples drawn from the policy as trained so far."""
     from dataclasses import replace
-
-    from closedloop.training.causal_lm import Carry
-    from closedloop.training.grpo import GrpoStats, combine_stats
 
     params = ctx.params.train
     rounds = params.grpo.rounds
@@ -345,7 +338,6 @@ def _train_grpo(ctx: StageContext, model, tokenizer, seed: int, checkpoint, enco
 def train_grpo_batch(ctx: StageContext, model, tokenizer, batch: list, *, seed: int, encode_prompt, checkpoint,
                      carry=None):
     """One grpo run over ``batch`` (Rollouts) with the stage's settings."""
-    from closedloop.training.grpo import train_grpo
 
     params = ctx.params.train
     grpo = params.grpo
@@ -364,8 +356,6 @@ def _stage_rollouts(ctx: StageContext, task_ids: set[str]) -> tuple[list, int, i
     """The sample stage's samples of ``task_ids`` as Rollouts with their shaped rewards; infra errors
     (neither the model's failure nor its success) left out and counted, and the completions cut at
     sample.max_new_tokens counted."""
-    from closedloop.rewards.shaping import shaped_reward
-    from closedloop.training.grpo import Rollout
 
     params = ctx.params.train
     prompts = {task.task_id: task.prompt for task in load_tasks(ctx.ws.tasks)}
@@ -396,8 +386,6 @@ def _stage_rollouts(ctx: StageContext, task_ids: set[str]) -> tuple[list, int, i
 
 def _round_rollouts(rows: list[dict], prompts: dict[str, str], params) -> tuple[list, int, int]:
     """An on-policy round's scored samples (onpolicy.sample_and_score rows) as Rollouts, as above."""
-    from closedloop.rewards.shaping import shaped_reward
-    from closedloop.training.grpo import Rollout
 
     batch, infra, cut = [], 0, 0
     for row in rows:

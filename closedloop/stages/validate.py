@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 
 from closedloop.io import read_jsonl, write_json
+from closedloop.lineage.validation import validate_batch
 from closedloop.stages.common import StageContext, StageError
 
 
@@ -18,8 +19,6 @@ class BatchValidationError(StageError):
 
 def run(ctx: StageContext) -> dict:
     import pandas as pd
-
-    from closedloop.lineage.validation import validate_batch
 
     graded = pd.DataFrame(read_jsonl(ctx.ws.graded))
     tasks = pd.DataFrame(read_jsonl(ctx.ws.tasks, required=("task_id", "env", "slice", "kind")))

@@ -12,32 +12,31 @@ apply here too: they are memory settings of the machine, not of one stage. So do
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections import Counter
 from functools import partial
-import tempfile
 from pathlib import Path
 
 from closedloop.envs import get_env
-from closedloop.io import write_json, write_jsonl
-from closedloop.envs.taskfile import tasks_for
 from closedloop.envs.base import load_tasks
+from closedloop.envs.taskfile import tasks_for
+from closedloop.evaluation.runner import evaluate_policy
+from closedloop.io import write_json, write_jsonl
+from closedloop.models.builtin import create_builtin
+from closedloop.models.loading import load_policy, save_policy
+from closedloop.models.settings import save_settings
 from closedloop.rewards.pools import EnvPools
-from closedloop.stages.common import StageContext, env_mix
+from closedloop.stages.common import StageContext, StageError, env_mix
 from closedloop.stages.prompting import prompt_format_of
+from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
+from closedloop.training.lora import merged, with_lora
 
 BUILTIN_PREFIX = "builtin:"
 
 
 def run(ctx: StageContext) -> dict:
-    from closedloop.evaluation.runner import evaluate_policy
-    from closedloop.models.loading import load_policy, save_policy
-    from closedloop.models.settings import save_settings
-    from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
-
     params = ctx.params
     if params.warmstart.lora and params.model.name_or_path.startswith(BUILTIN_PREFIX):
-        from closedloop.stages.common import StageError
-
         raise StageError(
             "warmstart.lora is true but model.name_or_path is the built-in, which starts from random "
             "weights: LoRA adapters on a random network cannot make it a policy. Set warmstart.lora: false "
@@ -66,7 +65,6 @@ def run(ctx: StageContext) -> dict:
         bf16=use_bf16(params.train.mixed_precision, model),
     )
     if params.warmstart.lora:
-        from closedloop.training.lora import merged
 
         model = merged(model)
     staging = ctx.ws.warmstart_model.with_name("warmstart.staging")
@@ -106,9 +104,6 @@ def _with_lora(model, lora, seed: int):
     """``model`` with fresh adapters, initialised from ``seed`` without touching the global stream."""
     import torch
 
-    from closedloop.stages.common import StageError
-    from closedloop.training.lora import with_lora
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
@@ -130,13 +125,11 @@ def mixed_tasks(params, total: int, purpose: str) -> list:
 def resolve_base_model(ctx: StageContext, scratch: Path) -> Path | str:
     """`builtin:tiny` is built here from params (no downloads); anything else is a local Hugging Face
     directory or a hub id, loaded as it is."""
-    from closedloop.models.builtin import create_builtin
 
     name = ctx.params.model.name_or_path
     if not name.startswith(BUILTIN_PREFIX):
         return name
     if name != "builtin:tiny":
-        from closedloop.stages.common import StageError
 
         raise StageError(f"params.yaml model.name_or_path: unknown builtin {name!r}; the builtin is 'builtin:tiny'")
     corpus_tasks = mixed_tasks(ctx.params, ctx.params.warmstart.tokenizer_corpus_tasks, "tokenizer")

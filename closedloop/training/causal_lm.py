@@ -14,6 +14,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from closedloop.faults import fault_point
+
 IGNORE_INDEX = -100  # the label value transformers' causal-LM loss skips
 GROUP_WINDOW = 8  # batches whose long examples are grouped together (see _batch_indices)
 LONG_FACTOR = 1.5  # "long" means longer than this times the median example
@@ -409,7 +411,6 @@ def _save_checkpoint(checkpoint: Checkpointing, model: Any, optimizer: Any, sche
     partial = directory / (CHECKPOINT_FILE + ".partial")
     torch.save(state, partial)
     os.replace(partial, directory / CHECKPOINT_FILE)
-    from closedloop.faults import fault_point
 
     fault_point("train:checkpoint")  # tests kill a run here, mid-training
 

@@ -146,12 +146,12 @@ def _experiment(root: Path, iteration: int) -> str:
 def _run_of(root: Path, iteration: int) -> str:
     from closedloop.config import load_params
     from closedloop.lineage import tracking
-    from closedloop.lineage.record import run_key
+    from closedloop.lineage.tracking import run_key
     from closedloop.workspace import Workspace
 
     params = load_params(root)
     tracking.configure(root, params.tracking.uri, params.tracking.experiment)
-    (run_id,) = tracking.find_runs(params.tracking.experiment, run_key(Workspace.at(root), iteration, "iteration"),
+    (run_id,) = tracking.find_runs(params.tracking.experiment, run_key(Workspace.at(root).root, iteration, "iteration"),
                                    status="FINISHED")
     return run_id
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from closedloop.evaluation.gate import decide
-from closedloop.rewards.feedback import FeedbackSourceError, check_disjoint, check_scores, feedback_of, source_weights
+from closedloop.rewards.composition import check_disjoint, source_weights
+from closedloop.rewards.feedback import FeedbackSourceError, check_scores, feedback_of
 from closedloop.rewards.human import HumanLabels, LabelsError, agreement_by_env, completion_sha256, read_labels
 
 
