@@ -1,6 +1,6 @@
 """The git plumbing under DVC experiments: running git, and undoing what a killed `dvc exp save` left.
 
-Split out of lineage/dvc.py (which drives DVC itself and calls these): nothing here imports DVC.
+Split out of lineage/dvc/ (which drives DVC itself and calls these): nothing here imports DVC.
 ``record_git_state`` is what ``DvcWorkspace.exp_save`` writes before each save; the restore
 functions put HEAD, the files, the index and `git stash` back from that record
 (``DvcWorkspace.clean_interrupted_git_state`` says what a killed save leaves and when each applies).

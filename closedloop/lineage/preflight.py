@@ -9,7 +9,7 @@ corrupted one is read, pushed and checked out under its old hash).
 
 Proportional: only what the iteration reads is hashed (the benchmark file, the champion's files, the
 train sets replayed when train.mode replays), and each inode once: with a linked cache (see
-lineage/dvc.py) a workspace file *is* its cache object. A corrupt object is replaced by a new file
+lineage/dvc/) a workspace file *is* its cache object. A corrupt object is replaced by a new file
 (renamed over it, never written into: other files may link to it), and every workspace file that
 linked the corrupt bytes is linked again to the good ones.
 """
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from closedloop.io import write_json
 from closedloop.lineage import tracking
-from closedloop.lineage.dvc import DvcError, DvcWorkspace, object_digest
+from closedloop.lineage.dvc import DvcWorkspace, object_digest
+from closedloop.lineage.gitstate import DvcError
 from closedloop.workspace import BENCHMARK_TASKS, CHAMPION, TRAIN_SET
 
 HASH_MEMO = ".dvc/tmp/closedloop-hashes.json"

@@ -14,7 +14,8 @@ from typing import Any
 
 from closedloop import workspace as paths
 from closedloop.io import BatchFileError, json_objects, read_json, write_json
-from closedloop.lineage.dvc import ITERATION_EXPERIMENT, DvcError, DvcWorkspace
+from closedloop.lineage.dvc import ITERATION_EXPERIMENT, DvcWorkspace
+from closedloop.lineage.gitstate import DvcError
 from closedloop.monitors import IterationData, numbers, report, run_monitors
 from closedloop.stage_files import info_path, merge, metrics_path
 from closedloop.stages.common import StageContext, StageError

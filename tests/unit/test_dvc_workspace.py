@@ -22,7 +22,8 @@ import pytest
 
 from closedloop import workspace as paths
 from closedloop.io import write_json, write_jsonl
-from closedloop.lineage.dvc import EXP_SAVE_RECORD, DvcError, DvcWorkspace
+from closedloop.lineage.dvc import EXP_SAVE_RECORD, DvcWorkspace
+from closedloop.lineage.gitstate import DvcError
 from closedloop.pipeline import STAGES
 from closedloop.workspace import Workspace
 
@@ -42,7 +43,7 @@ def git(root: Path, *args: str, check: bool = True) -> str:
 def record_iteration(root: Path, train_rows=TRAIN_ROWS) -> DvcWorkspace:
     """Every stage of dvc.yaml recorded with small stand-in outputs (what `dvc exp save` needs: it
     commits every stage), the champion added; no model is trained."""
-    from closedloop.lineage.record import close_loop
+    from closedloop.versioning.loop import close_loop
 
     dvc = DvcWorkspace(root)
     for spec in STAGES:
