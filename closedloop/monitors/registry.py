@@ -1,7 +1,9 @@
-"""The one table of monitors: each module gives NAME, VERSION, DEFAULT thresholds and ``check``.
+"""The registry of monitors: each module gives NAME, VERSION, DEFAULT thresholds and ``check``.
 
-A new monitor is a new module here and one line in MONITORS (and its name in config.MONITOR_NAMES,
-which params.yaml's monitors.block_promotion and monitors.thresholds are checked against).
+Which monitors there are, and in which order they run, is closedloop/monitor_catalog.py's table (the
+names params.yaml's monitors.block_promotion and monitors.thresholds are checked against). A new monitor
+is a new module here, one line in the catalog and its import below; a module the catalog names but this
+file does not import, or the reverse, fails at import.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from closedloop.monitor_catalog import MONITORS as CATALOG
+from closedloop.monitor_catalog import WARN_ONLY_MONITORS
 from closedloop.monitors import (
     anomaly_rates,
     canary,
@@ -35,14 +39,33 @@ class Monitor:
     check: Callable[[IterationData, list[IterationData], Threshold], MonitorResult]
 
 
-def _entry(module: ModuleType) -> Monitor:
+# Imported here, not loaded by name from the catalog's entries: the import walk that derives each DVC
+# stage's code dependencies (closedloop/pipeline.py) sees these lines.
+_MODULES: dict[str, ModuleType] = {module.__name__: module for module in (
+    anomaly_rates, canary, format_only_wins, grpo_health, length_inflation, proxy_gold_divergence,
+    reward_shift, verifier_shift,
+)}
+
+
+def _entry(name: str, entry: str) -> Monitor:
+    """The monitor the catalog lists as ``name`` → ``entry``, checked against its module."""
+    module = _MODULES.get(entry)
+    if module is None:
+        raise ImportError(f"monitor {name!r}: closedloop/monitor_catalog.py names {entry}, which "
+                          "closedloop/monitors/registry.py does not import")
+    if module.NAME != name:
+        raise ImportError(f"monitor {name!r}: {entry} names itself {module.NAME!r}")
+    if (module.DEFAULT.fail is None) != (name in WARN_ONLY_MONITORS):
+        raise ImportError(f"monitor {name!r}: its default fail threshold ({module.DEFAULT.fail}) disagrees with "
+                          "WARN_ONLY_MONITORS of closedloop/monitor_catalog.py (the warn-only monitors)")
     return Monitor(module.NAME, module.VERSION, module.DEFAULT, module.check)
 
 
-MONITORS: tuple[Monitor, ...] = tuple(_entry(module) for module in (
-    reward_shift, verifier_shift, proxy_gold_divergence, length_inflation,
-    format_only_wins, grpo_health, anomaly_rates, canary,
-))
+_UNLISTED = sorted(set(_MODULES) - set(CATALOG.values()))
+if _UNLISTED:
+    raise ImportError(f"closedloop/monitors/registry.py imports {_UNLISTED}, which closedloop/monitor_catalog.py "
+                      "does not list")
+MONITORS: tuple[Monitor, ...] = tuple(_entry(name, entry) for name, entry in CATALOG.items())
 BY_NAME: dict[str, Monitor] = {monitor.name: monitor for monitor in MONITORS}
 
 

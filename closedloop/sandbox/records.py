@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from closedloop.sandbox_limits import LIMITS
+
 # Every status a job can end in:
 #   passed / failed  the trusted grader judged the outputs (a job with expected values or a test)
 #   completed        every call ran and nothing was there to judge it (a job with neither), or a
@@ -27,32 +29,29 @@ ISOLATION_MODES = ("auto", "bwrap", "fork")
 
 @dataclass(frozen=True)
 class Limits:
-    """What one job may use; the defaults suit short functions."""
+    """What one job may use; the defaults suit short functions. Each limit's default, lowest allowed
+    value and meaning are declared once, in closedloop/sandbox_limits.py, which params.yaml's sandbox
+    sections are built from too."""
 
-    timeout_s: float = 2.0  # wall clock per job, from fork to exit
-    memory_mb: int = 512  # address space (RLIMIT_AS) of the job's process
-    max_output_bytes: int = 65536  # cap on stdout, on stderr, on any file written, and on returned JSON
-    disk_mb: int = 16  # size of the worker's private tmpfs, where job directories live (bubblewrap only)
-    processes: int = 16  # RLIMIT_NPROC: processes and threads of the job's uid
-    open_files: int = 64  # RLIMIT_NOFILE
-    allow_exec: bool = False  # whether the job may execve (script environments run programs)
+    timeout_s: float = LIMITS["timeout_s"].default  # wall clock per job, from fork to exit
+    memory_mb: int = LIMITS["memory_mb"].default  # address space (RLIMIT_AS) of the job's process
+    max_output_bytes: int = LIMITS["max_output_bytes"].default  # cap on stdout, stderr, any file, returned JSON
+    disk_mb: int = LIMITS["disk_mb"].default  # the worker's private tmpfs holding job directories (bubblewrap only)
+    processes: int = LIMITS["processes"].default  # RLIMIT_NPROC: processes and threads of the job's uid
+    open_files: int = LIMITS["open_files"].default  # RLIMIT_NOFILE
+    allow_exec: bool = LIMITS["allow_exec"].default  # whether the job may execve (script environments run programs)
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"Limits.timeout_s ({self.timeout_s}) must be > 0")
-        if self.memory_mb < 32:
-            raise ValueError(f"Limits.memory_mb ({self.memory_mb}) must be >= 32: the interpreter alone needs ~20 MB")
-        if self.max_output_bytes < 1024:
-            raise ValueError(f"Limits.max_output_bytes ({self.max_output_bytes}) must be >= 1024")
-        if self.disk_mb < 1:
-            raise ValueError(f"Limits.disk_mb ({self.disk_mb}) must be >= 1")
-        if self.processes < 1 or self.open_files < 8:
-            raise ValueError(f"Limits.processes ({self.processes}) must be >= 1, open_files ({self.open_files}) >= 8")
+        for spec in LIMITS.values():
+            value = getattr(self, spec.name)
+            if not spec.allows(value):
+                why = f": {spec.why}" if spec.why else ""
+                raise ValueError(f"Limits.{spec.name} ({value}) must be {spec.expected()}{why}")
 
     @classmethod
     def of(cls, settings: Any) -> "Limits":
         """The limits a params ``sandbox`` section (config.SandboxParams) sets; its ``isolation`` is the
-        pool's, not a job's. Here, not in config.py: config is code of every stage, the sandbox is not."""
+        pool's, not a job's. Here, not in closedloop/config/: config is code of every stage, the sandbox is not."""
         return cls(**settings.model_dump(exclude={"isolation"}))
 
     def to_wire(self) -> dict[str, Any]:
