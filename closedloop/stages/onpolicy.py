@@ -13,25 +13,18 @@ The rounds' samples and rewards are the train stage's output (``data/batch/train
 row per sample, seeded: ``dvc repro`` writes the same bytes), so the lineage of a model version names
 every sample it learned from. Between rounds the policy is saved under the checkpoint directory: it
 is what the next round's samplers load, and with checkpointing on, a killed train stage resumes after
-the last finished round (and within a round from its step checkpoint).
+the last finished round (and within a round from its step checkpoint): closedloop.training.rounds.
+This module is the sampling and scoring; closedloop.training.modes.grpo trains the rounds.
 """
 
 from __future__ import annotations
 
-import json
-import random
-import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from closedloop.envs.base import Task
 from closedloop.execution import ray_backend
 from closedloop.execution.factory import open_executor
-from closedloop.faults import fault_point
-from closedloop.io import read_jsonl, write_jsonl
-from closedloop.models.loading import save_policy
-from closedloop.models.settings import save_settings
 from closedloop.rewards.feedback import FeedbackSourceError
 from closedloop.rewards.human import LabelsError
 from closedloop.rewards.scoring import score_batch
@@ -39,17 +32,6 @@ from closedloop.rewards.verification import ShardedVerifiers
 from closedloop.sampling.base import SamplingError
 from closedloop.sampling.shards import sample_sharded
 from closedloop.stages.common import StageContext, StageError
-
-ROUND_FILE = "round.json"
-STATE_FILE = "policy_state.pt"
-
-
-def round_parts(task_ids: list[str], rounds: int, seed: int) -> list[list[str]]:
-    """The batch's tasks cut into ``rounds`` parts of near-equal size, after a seeded shuffle (the tasks
-    file is ordered by environment: every part must hold every environment's share)."""
-    order = list(task_ids)
-    random.Random(seed).shuffle(order)
-    return [order[len(order) * r // rounds: len(order) * (r + 1) // rounds] for r in range(rounds)]
 
 
 def sample_and_score(ctx: StageContext, policy_dir: Path, tasks: list[Task], *, round_number: int,
@@ -95,64 +77,3 @@ def executor_params(params: Any) -> Any:
     if params.execution.backend != "ray" or not ray_backend.in_ray_task():
         return params
     return params.model_copy(update={"execution": params.execution.model_copy(update={"backend": "local"})})
-
-
-class RoundStore:
-    """The policy after each finished round, under ``directory`` (the train stage's checkpoint
-    directory): a model directory the next round's samplers load, its exact weights, the round's
-    training figures and the samples it trained on. ``identity`` (the step checkpoints' identity)
-    decides whether a saved round belongs to this training run; None: nothing is resumed."""
-
-    def __init__(self, directory: Path, identity: dict | None) -> None:
-        self.directory = Path(directory)
-        self.identity = identity
-
-    def policy_dir(self, number: int) -> Path:
-        return self.directory / "rounds" / f"round-{number}"
-
-    def save(self, number: int, model: Any, tokenizer: Any, settings: Any, prompt_record: dict, figures: dict,
-             rows: list[dict], carry: Any = None) -> Path:
-        """Save round ``number``'s policy and record; written to a staging directory and renamed, so a
-        kill leaves either the whole round or none of it."""
-        import torch
-
-        target = self.policy_dir(number)
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        save_policy(model, tokenizer, staging)
-        save_settings(staging, settings, prompt_record)
-        torch.save({"model": model.state_dict(), "carry": None if carry is None else carry.state()},
-                   staging / STATE_FILE)
-        write_jsonl(staging / "samples.jsonl", rows)
-        (staging / ROUND_FILE).write_text(json.dumps({"identity": self.identity, "figures": figures}, default=str))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-        fault_point("train:round")  # tests kill the stage here, between two rounds
-        return target
-
-    def load(self, number: int, model: Any, carry: Any = None, lr: float = 0.0,
-             warmup_steps: int = 0) -> tuple[dict, list[dict]] | None:
-        """Round ``number`` as an earlier run of this training left it: its figures and samples, with
-        its weights loaded into ``model`` and its optimizer and schedule into ``carry`` (made for
-        ``lr`` and ``warmup_steps``); None when it is not saved or belongs to another run."""
-        import torch
-
-        path = self.policy_dir(number)
-        if self.identity is None or not (path / ROUND_FILE).is_file():
-            return None
-        record = json.loads((path / ROUND_FILE).read_text())
-        if record.get("identity") != json.loads(json.dumps(self.identity, default=str)):
-            return None
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        if carry is not None:
-            carry.restore(model, lr, warmup_steps, state["carry"])
-        return record["figures"], read_jsonl(path / "samples.jsonl")
-
-    def clear(self) -> None:
-        shutil.rmtree(self.directory / "rounds", ignore_errors=True)
-
-
-def figures_of(stats: Any) -> dict:
-    """A round's GrpoStats as plain values (what RoundStore saves)."""
-    return asdict(stats)

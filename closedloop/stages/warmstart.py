@@ -29,7 +29,7 @@ from closedloop.rewards.pools import EnvPools
 from closedloop.stages.common import StageContext, StageError, env_mix
 from closedloop.stages.prompting import prompt_format_of
 from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
-from closedloop.training.lora import merged, with_lora
+from closedloop.training.lora import merged, with_seeded_lora
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -65,7 +65,6 @@ def run(ctx: StageContext) -> dict:
         bf16=use_bf16(params.train.mixed_precision, model),
     )
     if params.warmstart.lora:
-
         model = merged(model)
     staging = ctx.ws.warmstart_model.with_name("warmstart.staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -102,14 +101,10 @@ def run(ctx: StageContext) -> dict:
 
 def _with_lora(model, lora, seed: int):
     """``model`` with fresh adapters, initialised from ``seed`` without touching the global stream."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        try:
-            return with_lora(model, lora)
-        except ValueError as error:
-            raise StageError(str(error)) from None
+    try:
+        return with_seeded_lora(model, lora, seed)
+    except ValueError as error:
+        raise StageError(str(error)) from None
 
 
 def mixed_tasks(params, total: int, purpose: str) -> list:
@@ -130,7 +125,6 @@ def resolve_base_model(ctx: StageContext, scratch: Path) -> Path | str:
     if not name.startswith(BUILTIN_PREFIX):
         return name
     if name != "builtin:tiny":
-
         raise StageError(f"params.yaml model.name_or_path: unknown builtin {name!r}; the builtin is 'builtin:tiny'")
     corpus_tasks = mixed_tasks(ctx.params, ctx.params.warmstart.tokenizer_corpus_tasks, "tokenizer")
     corpus = [t.prompt + t.reference for t in corpus_tasks]

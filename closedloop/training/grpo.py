@@ -33,10 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from closedloop.training.causal_lm import Carry, Checkpointing, _batch_indices, _encode_prompt, optimize
+from closedloop.training.batching import batch_indices
+from closedloop.training.causal_lm import raw_prompt_ids
+from closedloop.training.checkpoints import Checkpointing
+from closedloop.training.optimization import Carry, optimize
 
-ZERO_SPREAD = 1e-6
-LOSSES = ("dapo", "grpo", "dr_grpo")  # as TRL's GRPOConfig.loss_type names them  # a group whose reward standard deviation is below this gives no gradient
+ZERO_SPREAD = 1e-6  # a group whose reward standard deviation is below this gives no gradient
+LOSSES = ("dapo", "grpo", "dr_grpo")  # as TRL's GRPOConfig.loss_type names them
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class Rollout:
     # returned none: the trainer computes them under the champion.
     logprobs: tuple[float, ...] | None
     reward: float
+
+
+# (prompt ids, completion ids, behaviour log-probabilities or None, advantage) of one trained rollout
+GrpoRow = tuple[list[int], list[int], list[float] | None, float]
 
 
 @dataclass
@@ -189,20 +196,65 @@ def train_grpo(
     weigh more per token), ``dr_grpo`` the token sum over completions x ``max_completion_length`` (Dr.
     GRPO: no length normalisation). ``clip_high`` is DAPO's clip-higher: the ratio's upper bound is
     1 + clip_high (None: 1 + clip), so rare tokens of a better completion can gain more than clip allows.
-    ``carry``: the optimizer and schedule of earlier runs to go on with (on-policy rounds; see optimize). ``micro_batch_size``, ``gradient_checkpointing``: see
-    causal_lm.optimize; ``encode_prompt``: see causal_lm.encode_example.
+    ``carry``: the optimizer and schedule of earlier runs to go on with (on-policy rounds; see optimize).
+    ``micro_batch_size``, ``gradient_checkpointing``: see optimization.optimize; ``encode_prompt``: see
+    causal_lm.encode_example.
     """
+    _check_settings(temperature, loss, max_completion_length)
+    groups: dict[str, list[Rollout]] = {}
+    for rollout in rollouts:
+        groups.setdefault(rollout.group, []).append(rollout)
+    rows, skipped = _advantage_rows(groups, tokenizer, scale_advantages, negative_weight, encode_prompt)
+    rows = _fit_context(rows, getattr(model.config, "max_position_embeddings", None))
+    steps = math.ceil(epochs * len(rows) / batch_size) if rows else 0
+    batch_figures = _batch_figures(rows, skipped, len(groups))
+    if steps == 0:
+        return GrpoStats(steps=0, rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=0,
+                         wall_s=0.0, tokens_per_s=0.0, first_loss=None, final_loss=None, clip_fraction=0.0,
+                         initial_log_ratio=0.0, losses=[], **batch_figures)
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    started = time.perf_counter()
+    rows, behaviour = _behaviour_logprobs(model, rows, temperature=temperature,
+                                          batch_size=micro_batch_size or batch_size, pad_id=pad_id)
+    batches = batch_indices(len(rows), batch_size, steps, random.Random(seed),
+                            lengths=[len(p) + len(c) for p, c, _, _ in rows])
+    step_loss = GrpoLoss(model, rows, pad_id, temperature=temperature, clip=clip,
+                         upper=clip if clip_high is None else clip_high, beta=beta, loss=loss,
+                         max_completion_length=max_completion_length)
+    steps_log: list[dict[str, float]] = []
+    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
+                              checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
+                              loss_tokens=(lambda indices: sum(len(rows[i][1]) for i in indices)) if loss == "dapo"
+                              else len,
+                              gradient_checkpointing=gradient_checkpointing, dropout=False,
+                              log=steps_log, step_figures=step_loss.step_figures, carry=carry)
+    wall = time.perf_counter() - started
+    return GrpoStats(
+        steps=len(losses), rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=tokens,
+        wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
+        clip_fraction=step_loss.clipped / step_loss.counted if step_loss.counted else 0.0,
+        initial_log_ratio=step_loss.initial[0] if step_loss.initial else 0.0, losses=losses,
+        steps_log=steps_log, **behaviour, **batch_figures,
+    )
+
+
+def _check_settings(temperature: float, loss: str, max_completion_length: int | None) -> None:
     if temperature <= 0:
         raise ValueError("grpo needs sampled rollouts (temperature > 0): greedy groups have no spread")
     if loss not in LOSSES:
         raise ValueError(f"loss {loss!r}: expected one of {', '.join(LOSSES)}")
     if loss == "dr_grpo" and not max_completion_length:
         raise ValueError("loss dr_grpo divides by max_completion_length (sample.max_new_tokens); none given")
-    upper = clip if clip_high is None else clip_high
-    groups: dict[str, list[Rollout]] = {}
-    for rollout in rollouts:
-        groups.setdefault(rollout.group, []).append(rollout)
-    rows: list[tuple[list[int], list[int], list[float] | None, float]] = []  # prompt ids, completion ids, old lp, A
+
+
+def _advantage_rows(groups: dict[str, list[Rollout]], tokenizer: Any, scale_advantages: bool,
+                    negative_weight: float,
+                    encode_prompt: Callable[[str], list[int]] | None) -> tuple[list[GrpoRow], int]:
+    """The rollouts of every group with a reward spread, each with its advantage, groups in name order
+    (empty completions left out); and how many groups had no spread."""
+    rows: list[GrpoRow] = []
     skipped = 0
     prompt_ids_of: dict[str, list[int]] = {}
     for name in sorted(groups):
@@ -220,107 +272,119 @@ def train_grpo(
                                  f"{len(rollout.logprobs)} log-probabilities")
             if rollout.prompt not in prompt_ids_of:
                 prompt_ids_of[rollout.prompt] = (list(encode_prompt(rollout.prompt)) if encode_prompt
-                                                 else _encode_prompt(tokenizer, rollout.prompt))
+                                                 else raw_prompt_ids(tokenizer, rollout.prompt))
             logprobs = None if rollout.logprobs is None else list(rollout.logprobs)
             rows.append((prompt_ids_of[rollout.prompt], list(rollout.token_ids), logprobs, advantage))
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit:  # keep what fits; the tail of an over-long completion is what gets cut
-        rows = [(p, c[: max(0, limit - len(p))], None if lp is None else lp[: max(0, limit - len(p))], a)
-                for p, c, lp, a in rows]
-        rows = [row for row in rows if row[1]]
-    steps = math.ceil(epochs * len(rows) / batch_size) if rows else 0
+    return rows, skipped
+
+
+def _fit_context(rows: list[GrpoRow], limit: int | None) -> list[GrpoRow]:
+    """Keep what fits the model's context; the tail of an over-long completion is what gets cut."""
+    if not limit:
+        return rows
+    rows = [(p, c[: max(0, limit - len(p))], None if lp is None else lp[: max(0, limit - len(p))], a)
+            for p, c, lp, a in rows]
+    return [row for row in rows if row[1]]
+
+
+def _batch_figures(rows: list[GrpoRow], skipped: int, groups: int) -> dict[str, float]:
+    """Before any update: the share of groups without spread, the advantages and completion lengths."""
     advantages = [a for _, _, _, a in rows]
-    batch_figures = dict(
-        zero_std_share=skipped / len(groups) if groups else 0.0,
-        advantage_mean=statistics.fmean(advantages) if advantages else 0.0,
-        advantage_std=statistics.pstdev(advantages) if advantages else 0.0,
-        completion_length_mean=statistics.fmean(len(c) for _, c, _, _ in rows) if rows else 0.0,
-    )
-    if steps == 0:
-        return GrpoStats(steps=0, rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=0,
-                         wall_s=0.0, tokens_per_s=0.0, first_loss=None, final_loss=None, clip_fraction=0.0,
-                         initial_log_ratio=0.0, losses=[], **batch_figures)
+    return {
+        "zero_std_share": skipped / groups if groups else 0.0,
+        "advantage_mean": statistics.fmean(advantages) if advantages else 0.0,
+        "advantage_std": statistics.pstdev(advantages) if advantages else 0.0,
+        "completion_length_mean": statistics.fmean(len(c) for _, c, _, _ in rows) if rows else 0.0,
+    }
 
-    import torch
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    started = time.perf_counter()
+def _behaviour_logprobs(model: Any, rows: list[GrpoRow], *, temperature: float, batch_size: int,
+                        pad_id: int) -> tuple[list[GrpoRow], dict[str, Any]]:
+    """Every row with its behaviour log-probabilities (the sampler's, or the champion's own where the
+    sampler gave none), and the GrpoStats figures of where they came from and how far apart they are."""
     # Before any update: the champion's own log-probabilities of every completion token.
     trainer_logprobs = policy_logprobs(model, [(p, c) for p, c, _, _ in rows], temperature=temperature,
-                                       batch_size=micro_batch_size or batch_size, pad_id=pad_id)
+                                       batch_size=batch_size, pad_id=pad_id)
     deltas = [abs(s - t) for (_, _, sampled, _), computed in zip(rows, trainer_logprobs) if sampled is not None
               for s, t in zip(sampled, computed)]
     given = sum(lp is not None for _, _, lp, _ in rows)
     source = "sampler" if given == len(rows) else "trainer" if given == 0 else "mixed"
     rows = [(p, c, lp if lp is not None else computed, a) for (p, c, lp, a), computed in zip(rows, trainer_logprobs)]
-    batches = _batch_indices(len(rows), batch_size, steps, random.Random(seed),
-                             lengths=[len(p) + len(c) for p, c, _, _ in rows])
-    clipped = counted = 0
-    initial: list[float] = []
-    # This step's sums over its completion tokens (every micro-batch), for the step log.
-    step_sums = dict.fromkeys(("tokens", "clip_low", "clip_high", "kl", "entropy"), 0.0)
+    return rows, {"behaviour_logprobs": source,
+                  "logprob_delta_mean": sum(deltas) / len(deltas) if deltas else None,
+                  "logprob_delta_max": max(deltas) if deltas else None}
 
-    def step_figures() -> dict[str, float]:
+
+class GrpoLoss:
+    """``step_loss`` of optimization.optimize for grpo rows: the clipped policy-ratio objective (with the
+    k3 KL penalty when ``beta``), reduced as ``loss`` says; it counts the clipped tokens, and sums
+    each step's clip shares, KL and entropy for the step log (:meth:`step_figures`)."""
+
+    def __init__(self, model: Any, rows: list[GrpoRow], pad_id: int, *, temperature: float, clip: float,
+                 upper: float, beta: float, loss: str, max_completion_length: int | None) -> None:
+        self.model, self.rows, self.pad_id, self.temperature = model, rows, pad_id, temperature
+        self.clip, self.upper, self.beta, self.loss, self.max_completion_length = (clip, upper, beta, loss,
+                                                                                   max_completion_length)
+        self.clipped = self.counted = 0
+        self.initial: list[float] = []
+        # This step's sums over its completion tokens (every micro-batch), for the step log.
+        self.step_sums = dict.fromkeys(("tokens", "clip_low", "clip_high", "kl", "entropy"), 0.0)
+
+    def step_figures(self) -> dict[str, float]:
+        step_sums = self.step_sums
         n = step_sums["tokens"] or 1.0
         figures = {key: step_sums[key] / n for key in ("clip_low", "clip_high", "kl", "entropy")}
         step_sums.update(dict.fromkeys(step_sums, 0.0))
         return figures
 
-    def step_loss(indices: list[int], denominator: int | None) -> tuple[Any, int]:
-        nonlocal clipped, counted
-        batch = [rows[i] for i in indices]
-        input_ids, attention, mask = _pack([(p, c) for p, c, _, _ in batch], pad_id, model.device)
+    def __call__(self, indices: list[int], denominator: int | None) -> tuple[Any, int]:
+        import torch
+
+        model, clip, upper = self.model, self.clip, self.upper
+        batch = [self.rows[i] for i in indices]
+        input_ids, attention, mask = _pack([(p, c) for p, c, _, _ in batch], self.pad_id, model.device)
         old = torch.zeros(mask.shape)  # (B, T-1): position t predicts token t + 1
         for b, (prompt, completion, logprobs, _) in enumerate(batch):
             old[b, len(prompt) - 1 : len(prompt) + len(completion) - 1] = torch.tensor(logprobs)
         advantage = torch.tensor([a for _, _, _, a in batch])[:, None]  # (B, 1)
         old, advantage = old.to(model.device), advantage.to(model.device)
-        logp, entropy = _token_logprobs(model, input_ids, attention, temperature, entropy=True)  # (B, T-1) each
+        logp, entropy = _token_logprobs(model, input_ids, attention, self.temperature, entropy=True)  # (B, T-1) each
         log_ratio = (logp - old) * mask
         ratio = torch.exp(log_ratio)
         objective = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + upper) * advantage)
         per_token = -objective
-        if beta:
+        if self.beta:
             # k3 estimator of KL(policy || sampling policy): non-negative, unbiased on policy samples.
-            per_token = per_token + beta * (torch.exp(-log_ratio) + log_ratio - 1)
-        # dapo: the batch's token mean; grpo, dr_grpo: the mean over completions of each one's token mean,
-        # or token sum / max_completion_length. A micro-batch divides by the whole batch's count.
-        if loss == "dapo":
-            weights, count = mask, mask.sum()
-        elif loss == "grpo":
-            weights, count = mask / mask.sum(1, keepdim=True).clamp(min=1), len(batch)
-        else:
-            weights, count = mask / max_completion_length, len(batch)
+            per_token = per_token + self.beta * (torch.exp(-log_ratio) + log_ratio - 1)
+        weights, count = self._weights(mask, len(batch))
         batch_loss = (per_token * weights).sum() / (count if denominator is None else denominator)
         with torch.no_grad():
-            outside = ((ratio < 1 - clip) | (ratio > 1 + upper)).float() * mask
-            clipped += int(outside.sum())
-            counted += int(mask.sum())
-            step_sums["tokens"] += float(mask.sum())
-            step_sums["clip_low"] += float((((ratio < 1 - clip) & (advantage < 0)).float() * mask).sum())
-            step_sums["clip_high"] += float((((ratio > 1 + upper) & (advantage > 0)).float() * mask).sum())
-            step_sums["kl"] += float(((torch.exp(-log_ratio) + log_ratio - 1) * mask).sum())
-            step_sums["entropy"] += float((entropy * mask).sum())
-            if not initial:
-                initial.append(float(log_ratio.abs().max()))
+            self._count(ratio, log_ratio, advantage, entropy, mask)
         return batch_loss, int(attention.sum())
 
-    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                              checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
-                              loss_tokens=(lambda indices: sum(len(rows[i][1]) for i in indices)) if loss == "dapo"
-                              else len,
-                              gradient_checkpointing=gradient_checkpointing, dropout=False,
-                              log=(steps_log := []), step_figures=step_figures, carry=carry)
-    wall = time.perf_counter() - started
-    return GrpoStats(
-        steps=len(losses), rollouts=len(rows), groups=len(groups), skipped_groups=skipped, tokens=tokens,
-        wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0,
-        first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
-        clip_fraction=clipped / counted if counted else 0.0,
-        initial_log_ratio=initial[0] if initial else 0.0, losses=losses, behaviour_logprobs=source,
-        logprob_delta_mean=sum(deltas) / len(deltas) if deltas else None,
-        logprob_delta_max=max(deltas) if deltas else None, steps_log=steps_log, **batch_figures,
-    )
+    def _weights(self, mask: Any, completions: int) -> tuple[Any, Any]:
+        """dapo: the batch's token mean; grpo, dr_grpo: the mean over completions of each one's token mean,
+        or token sum / max_completion_length. A micro-batch divides by the whole batch's count."""
+        if self.loss == "dapo":
+            return mask, mask.sum()
+        if self.loss == "grpo":
+            return mask / mask.sum(1, keepdim=True).clamp(min=1), completions
+        return mask / self.max_completion_length, completions
+
+    def _count(self, ratio: Any, log_ratio: Any, advantage: Any, entropy: Any, mask: Any) -> None:
+        import torch
+
+        clip, upper, step_sums = self.clip, self.upper, self.step_sums
+        outside = ((ratio < 1 - clip) | (ratio > 1 + upper)).float() * mask
+        self.clipped += int(outside.sum())
+        self.counted += int(mask.sum())
+        step_sums["tokens"] += float(mask.sum())
+        step_sums["clip_low"] += float((((ratio < 1 - clip) & (advantage < 0)).float() * mask).sum())
+        step_sums["clip_high"] += float((((ratio > 1 + upper) & (advantage > 0)).float() * mask).sum())
+        step_sums["kl"] += float(((torch.exp(-log_ratio) + log_ratio - 1) * mask).sum())
+        step_sums["entropy"] += float((entropy * mask).sum())
+        if not self.initial:
+            self.initial.append(float(log_ratio.abs().max()))
 
 
 def policy_logprobs(model: Any, rows: list[tuple[list[int], list[int]]], *, temperature: float, batch_size: int,

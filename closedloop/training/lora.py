@@ -28,3 +28,12 @@ def with_lora(model: Any, lora: Any) -> Any:
 def merged(model: Any) -> Any:
     """The plain model with the trained adapters folded into its weights."""
     return model.merge_and_unload()
+
+
+def with_seeded_lora(model: Any, lora: Any, seed: int) -> Any:
+    """:func:`with_lora`, the adapters initialised from ``seed`` without touching torch's global stream."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the adapters' initialisation
+        return with_lora(model, lora)

@@ -255,7 +255,7 @@ def test_train_refuses_a_checkpoint_of_another_batch(done):
     """A checkpoint left by a killed train stage of another batch is refused, naming the batch."""
     import torch
 
-    from closedloop.training.causal_lm import CHECKPOINT_FILE
+    from closedloop.training.checkpoints import CHECKPOINT_FILE
 
     scratch = done.root.parent / "stale-checkpoint"
     shutil.copytree(done.root, scratch)
@@ -433,7 +433,7 @@ def test_grpo_rounds_sample_the_later_parts_from_the_policy_being_trained(done, 
     is sampled from the policy after round 1 and scored by the reward stage's sources; those samples are
     the stage's output, and the same inputs give the same bytes."""
     from closedloop.models.loading import model_fingerprint
-    from closedloop.stages.onpolicy import round_parts
+    from closedloop.training.rounds import round_parts
 
     ws = _grpo_rounds_copy(done, tmp_path, "grpo-rounds")
     metrics = run_stage("train", ws.root)

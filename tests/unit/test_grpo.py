@@ -233,7 +233,7 @@ class TestReplaySelection:
         return {"source": source, "task_id": task, "origin": f"{task}#0", "prompt": f"p-{task}", "completion": completion}
 
     def test_positives_not_already_present_most_recent_first(self):
-        from closedloop.stages.train import select_replay
+        from closedloop.training.modes.rft import select_replay
 
         current = [self._row("a", "x"), self._row("b", "y"), self._row("c", "z"), self._row("d", "w")]
         batches = {
@@ -246,7 +246,7 @@ class TestReplaySelection:
         assert all(r["source"] == "replay" for r in kept) and kept[0]["origin"] == "iter-002:g#0"
 
     def test_capped_at_the_fraction_of_the_training_set(self):
-        from closedloop.stages.train import select_replay
+        from closedloop.training.modes.rft import select_replay
 
         current = [self._row(str(i), "c") for i in range(3)]
         batches = {"iter-001": [self._row(f"old{i}", "c") for i in range(10)]}
@@ -261,7 +261,7 @@ import sys, torch
 torch.set_num_threads(1)
 from pathlib import Path
 from closedloop.models.builtin import train_tokenizer
-from closedloop.training.causal_lm import Checkpointing
+from closedloop.training.checkpoints import Checkpointing
 from closedloop.training.grpo import train_grpo
 from tests.unit.test_training import EXAMPLES, TINY
 from tests.unit.test_grpo import GRPO, build_policy
@@ -281,7 +281,7 @@ def test_a_killed_grpo_run_resumes_to_the_uninterrupted_result(policy, tokenizer
     import time
     from pathlib import Path
 
-    from closedloop.training.causal_lm import Checkpointing
+    from closedloop.training.checkpoints import Checkpointing
     from tests.unit.test_training_resume import _checkpoint_step
 
     model, rollouts = policy
@@ -402,7 +402,7 @@ class TestRounds:
     """On-policy rounds (train.grpo.rounds): the batch's tasks in parts, the runs' figures as one."""
 
     def test_the_parts_cover_every_task_once_in_near_equal_sizes_and_mix_the_order(self):
-        from closedloop.stages.onpolicy import round_parts
+        from closedloop.training.rounds import round_parts
 
         tasks = [f"code-{i:03d}" for i in range(50)] + [f"rules-{i:03d}" for i in range(50)]
         parts = round_parts(tasks, 3, seed=7)
@@ -504,7 +504,7 @@ def test_rounds_carry_one_optimizer_and_one_schedule(policy, tokenizer):  # noqa
     first step is not a new warm-up, and AdamW's step count runs over both."""
     import copy
 
-    from closedloop.training.causal_lm import Carry
+    from closedloop.training.optimization import Carry
 
     model, rollouts = policy
     half = len(rollouts) // 2

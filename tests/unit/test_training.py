@@ -10,18 +10,9 @@ import pytest
 from closedloop.config import BuiltinModelParams
 from closedloop.models.builtin import build_builtin_model, train_tokenizer
 from closedloop.sampling.hf import generate
-from closedloop.training.causal_lm import (
-    IGNORE_INDEX,
-    Example,
-    _batch_indices,
-    _collate,
-    _pack,
-    _padded,
-    pack_rows,
-    _warmup_cosine,
-    encode_example,
-    train_causal_lm,
-)
+from closedloop.training.batching import IGNORE_INDEX, batch_indices, collate, pack_rows, packed_batch, padded_batch
+from closedloop.training.causal_lm import Example, encode_example, train_causal_lm
+from closedloop.training.optimization import warmup_cosine
 
 # One torch thread for these tiny models (see tests/conftest.py: one_torch_thread).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -85,7 +76,7 @@ class TestEncodeExample:
 
     def test_collate_pads_right_and_masks_padding(self, tokenizer):
         rows = [encode_example(tokenizer, e) for e in (EXAMPLES[0], Example("x", "y"))]
-        input_ids, attention_mask, labels = _collate(rows, pad_id=tokenizer.pad_token_id)
+        input_ids, attention_mask, labels = collate(rows, pad_id=tokenizer.pad_token_id)
         short = len(rows[1][0])
         assert input_ids.shape == attention_mask.shape == labels.shape == (2, len(rows[0][0]))
         assert input_ids[1, :short].tolist() == rows[1][0]
@@ -115,7 +106,7 @@ class TestTrainCausalLm:
     def test_counts_non_pad_tokens(self, trained, tokenizer):
         _, stats = trained
         lengths = [len(encode_example(tokenizer, e)[0]) for e in EXAMPLES]
-        batches = _batch_indices(len(EXAMPLES), TRAIN["batch_size"], TRAIN["steps"], random.Random(TRAIN["seed"]),
+        batches = batch_indices(len(EXAMPLES), TRAIN["batch_size"], TRAIN["steps"], random.Random(TRAIN["seed"]),
                                  lengths=lengths)
         assert stats.tokens == sum(lengths[i] for batch in batches for i in batch)
         assert stats.wall_s > 0 and stats.tokens_per_s > 0
@@ -178,7 +169,7 @@ class TestTrainCausalLm:
 
 class TestBatchIndices:
     def test_epochs_are_permutations_and_batches_full(self):
-        batches = _batch_indices(10, 4, 5, random.Random(0))  # 20 indices: two epochs
+        batches = batch_indices(10, 4, 5, random.Random(0))  # 20 indices: two epochs
         assert [len(b) for b in batches] == [4] * 5
         flat = [i for b in batches for i in b]
         assert sorted(flat[:10]) == sorted(flat[10:]) == list(range(10))
@@ -186,8 +177,8 @@ class TestBatchIndices:
 
     def test_length_grouping_keeps_every_example_and_cuts_padding(self):
         lengths = [100 if i % 8 == 0 else 10 for i in range(64)]  # one long example in eight
-        plain = _batch_indices(64, 8, 16, random.Random(0))
-        grouped = _batch_indices(64, 8, 16, random.Random(0), lengths=lengths)
+        plain = batch_indices(64, 8, 16, random.Random(0))
+        grouped = batch_indices(64, 8, 16, random.Random(0), lengths=lengths)
         assert sorted(i for b in grouped for i in b) == sorted(i for b in plain for i in b)
         assert [len(b) for b in grouped] == [8] * 16
 
@@ -197,8 +188,8 @@ class TestBatchIndices:
         assert padded(grouped) < 0.5 * padded(plain)
 
     def test_deterministic_given_the_seed(self):
-        assert _batch_indices(7, 3, 9, random.Random(4)) == _batch_indices(7, 3, 9, random.Random(4))
-        assert _batch_indices(7, 3, 9, random.Random(4)) != _batch_indices(7, 3, 9, random.Random(5))
+        assert batch_indices(7, 3, 9, random.Random(4)) == batch_indices(7, 3, 9, random.Random(4))
+        assert batch_indices(7, 3, 9, random.Random(4)) != batch_indices(7, 3, 9, random.Random(5))
 
 
 class TestWarmupCosine:
@@ -214,7 +205,7 @@ class TestWarmupCosine:
         ],
     )
     def test_table(self, warmup, steps, step, expected):
-        assert _warmup_cosine(warmup, steps)(step) == pytest.approx(expected)
+        assert warmup_cosine(warmup, steps)(step) == pytest.approx(expected)
 
 
 class TestMemorySettings:
@@ -280,7 +271,7 @@ class TestPacking:
 
     def test_a_packed_batch_restarts_positions_and_never_labels_an_example_s_first_token(self, tokenizer):
         rows = [encode_example(tokenizer, e) for e in MIXED[:6]]
-        packed = _pack(rows, pad_id=tokenizer.pad_token_id)
+        packed = packed_batch(rows, pad_id=tokenizer.pad_token_id)
         assert "attention_mask" not in packed  # transformers reads packed sequences off the positions
         width = max(len(ids) for ids, _ in rows)
         assert packed["input_ids"].shape[1] == width and packed["input_ids"].shape[0] < len(rows)
@@ -294,7 +285,7 @@ class TestPacking:
         model = _fresh_model(tokenizer)
         rows = [encode_example(tokenizer, e) for e in MIXED[:16]]
         results = []
-        for inputs in (_padded(rows, tokenizer.pad_token_id), _pack(rows, tokenizer.pad_token_id)):
+        for inputs in (padded_batch(rows, tokenizer.pad_token_id), packed_batch(rows, tokenizer.pad_token_id)):
             model.zero_grad()
             loss = model(**inputs, use_cache=False).loss
             loss.backward()
@@ -302,7 +293,8 @@ class TestPacking:
         (padded, padded_grads), (packed, packed_grads) = results
         assert packed == pytest.approx(padded, rel=1e-5)
         assert max(float((a - b).abs().max()) for a, b in zip(padded_grads, packed_grads)) < 1e-5
-        assert _pack(rows, tokenizer.pad_token_id)["input_ids"].numel() < _padded(rows, 0)["input_ids"].numel()
+        packed_inputs, padded_inputs = packed_batch(rows, tokenizer.pad_token_id), padded_batch(rows, 0)
+        assert packed_inputs["input_ids"].numel() < padded_inputs["input_ids"].numel()
 
     def test_training_packed_matches_training_padded_and_computes_fewer_positions(self, tokenizer):
         runs = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from closedloop.stages.train import training_budget
+from closedloop.training.modes.supervised import training_budget
 
 DEFAULTS = dict(mode="rft", steps=None, epochs=3.0, reference_fraction=0.25, batch_size=32)
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from closedloop.training.causal_lm import CHECKPOINT_FILE, Checkpointing, ResumeRefused, train_causal_lm
+from closedloop.training import optimization
+from closedloop.training.causal_lm import train_causal_lm
+from closedloop.training.checkpoints import CHECKPOINT_FILE, Checkpointing, ResumeRefused
 from tests.unit.test_training import EXAMPLES, TINY, _fresh_model, _same, _state, tokenizer  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -26,7 +28,8 @@ CHILD = """
 import sys, torch
 torch.set_num_threads(1)
 from pathlib import Path
-from closedloop.training.causal_lm import Checkpointing, train_causal_lm
+from closedloop.training.causal_lm import train_causal_lm
+from closedloop.training.checkpoints import Checkpointing
 from tests.unit.test_training import EXAMPLES, TINY
 from closedloop.models.builtin import build_builtin_model, train_tokenizer
 tokenizer = train_tokenizer([e.prompt + e.completion for e in EXAMPLES], TINY.vocab_size)
@@ -87,20 +90,18 @@ def test_a_checkpoint_of_another_run_is_refused(tokenizer, tmp_path, changed, na
 
     # Leave a checkpoint behind: train with checkpoints, interrupted after the first save.
     model = _fresh_model(tokenizer)
-    real_save = __import__("closedloop.training.causal_lm", fromlist=["_save_checkpoint"])._save_checkpoint
+    real_save = optimization.save_checkpoint
 
     def save_then_stop(*args, **kwargs):
         real_save(*args, **kwargs)
         raise Stop
 
-    import closedloop.training.causal_lm as causal_lm
-
-    causal_lm._save_checkpoint, original = save_then_stop, causal_lm._save_checkpoint
+    optimization.save_checkpoint = save_then_stop  # where the optimisation loop looks it up
     try:
         with pytest.raises(Stop):
             train_causal_lm(model, tokenizer, EXAMPLES, checkpoint=Checkpointing(directory, EVERY, IDENTITY), **TRAIN)
     finally:
-        causal_lm._save_checkpoint = original
+        optimization.save_checkpoint = real_save
     assert (directory / CHECKPOINT_FILE).exists()
 
     with pytest.raises(ResumeRefused, match=named.replace(".", r"\.")):
