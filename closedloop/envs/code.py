@@ -223,7 +223,6 @@ def _with_extraction(verdict: Verdict, extraction: Extraction) -> Verdict:
 
 def _job(task: Task, program: str) -> Job:
     if "test" in task.checks:  # a HumanEval-format task: its check(candidate) runs on the trusted side
-
         return program_job(task, program)
     return Job(program, task.entry_point, task.checks["calls"], expected=task.checks["expected"])
 

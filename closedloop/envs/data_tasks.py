@@ -121,6 +121,14 @@ _APPLY = {"strip": (".str.strip()", "strip spaces around"), "lower": (".str.lowe
 def render(spec: dict[str, Any]) -> tuple[str, str, str]:
     """(request, the expression ``solve`` returns, "exact" or "any" row order) of an operation spec."""
     op = spec["op"]
+    if op not in _RENDERERS:
+        raise ValueError(f"data env: unknown operation {op!r}")
+    return _RENDERERS[op](spec)
+
+
+def _render_rows(spec: dict[str, Any]) -> tuple[str, str, str]:
+    """Operations that keep some rows, all columns, in df order: filter, isna, dropna, dedupe."""
+    op = spec["op"]
     if op == "filter":
         col, cmp, value = spec["col"], spec["cmp"], spec["value"]
         cond = f"{col} is {_WORDS[cmp]} {lit(value)}" if spec.get("words") else f"{col} {cmp} {lit(value)}"
@@ -128,77 +136,101 @@ def render(spec: dict[str, Any]) -> tuple[str, str, str]:
     if op == "isna":
         method, word = ("notna", "is not missing") if spec["negate"] else ("isna", "is missing")
         return f"rows where {spec['col']} {word} (df order).", f'df[df["{spec["col"]}"].{method}()]', "exact"
-    if op == "sort":
-        cols, asc = spec["cols"], spec["asc"]
-        words = " then ".join(f"{c} {'ascending' if a else 'descending'}" for c, a in zip(cols, asc))
-        if len(cols) == 1:
-            expr = f"df.sort_values({lit(cols[0])}" + ("" if asc[0] else ", ascending=False") + ")"
-        else:
-            expr = f"df.sort_values({_cols(cols)}" + ("" if all(asc) else f", ascending={asc!r}") + ")"
-        keep = spec.get("keep")
-        if keep:
-            return f"columns {','.join(keep)} of all rows sorted by {words}.", f"{expr}[{_cols(keep)}]", "exact"
-        return f"all rows sorted by {words}.", expr, "exact"
-    if op == "top":
+    if op == "dropna":
+        return f"drop rows where {spec['col']} is missing.", f'df.dropna(subset=["{spec["col"]}"])', "exact"
+    return "drop duplicate rows, keeping the first.", "df.drop_duplicates()", "exact"  # dedupe
+
+
+def _render_order(spec: dict[str, Any]) -> tuple[str, str, str]:
+    """Operations that reorder rows: sort (optionally keeping some columns), top."""
+    if spec["op"] == "top":
         col, k, high = spec["col"], spec["k"], spec["high"]
         word = "highest" if high else "lowest"
         expr = f"df.sort_values({lit(col)}" + (", ascending=False" if high else "") + f").head({k})"
         return f"the {k} rows with the {word} {col}, {word} first.", expr, "exact"
-    if op == "group":
-        by, col, agg, name = spec["by"], spec.get("col"), spec["agg"], spec.get("name")
-        if agg == "size":
-            return f"number of rows per {by}; columns {by},size; sorted by {by}.", \
-                f'df.groupby("{by}", as_index=False).size()', "exact"
-        if name:
-            expr = f'df.groupby("{by}", as_index=False).agg({name}=("{col}", "{agg}"))'
-        else:
-            expr = f'df.groupby("{by}", as_index=False)["{col}"].{agg}()'
-        digits = spec.get("round")
-        rounded = f", rounded to {digits} decimals" if digits else ""
-        if digits:
-            expr += f".round({digits})"
-        out = name or col
-        return f"{_AGG_WORD[agg]} {col} per {by}{rounded}; columns {by},{out}; sorted by {by}.", expr, "exact"
-    if op == "select":
-        cols, where = spec["cols"], spec.get("where")
-        if where:
-            col, cmp, value = where
-            return (f"columns {','.join(cols)} (in that order) of rows where {col} {cmp} {lit(value)}.",
-                    f'df.loc[df["{col}"] {cmp} {lit(value)}, {_cols(cols)}]', "exact")
-        return f"columns {','.join(cols)} (in that order), all rows.", f"df[{_cols(cols)}]", "exact"
-    if op == "drop":
-        cols = spec["cols"]
+    cols, asc = spec["cols"], spec["asc"]
+    words = " then ".join(f"{c} {'ascending' if a else 'descending'}" for c, a in zip(cols, asc))
+    if len(cols) == 1:
+        expr = f"df.sort_values({lit(cols[0])}" + ("" if asc[0] else ", ascending=False") + ")"
+    else:
+        expr = f"df.sort_values({_cols(cols)}" + ("" if all(asc) else f", ascending={asc!r}") + ")"
+    keep = spec.get("keep")
+    if keep:
+        return f"columns {','.join(keep)} of all rows sorted by {words}.", f"{expr}[{_cols(keep)}]", "exact"
+    return f"all rows sorted by {words}.", expr, "exact"
+
+
+def _render_columns(spec: dict[str, Any]) -> tuple[str, str, str]:
+    """Operations that pick columns: select (optionally of some rows), drop."""
+    cols = spec["cols"]
+    if spec["op"] == "drop":
         return f"all columns except {','.join(cols)}, all rows.", f"df.drop(columns={_cols(cols)})", "exact"
-    if op == "dropna":
-        return f"drop rows where {spec['col']} is missing.", f'df.dropna(subset=["{spec["col"]}"])', "exact"
+    where = spec.get("where")
+    if where:
+        col, cmp, value = where
+        return (f"columns {','.join(cols)} (in that order) of rows where {col} {cmp} {lit(value)}.",
+                f'df.loc[df["{col}"] {cmp} {lit(value)}, {_cols(cols)}]', "exact")
+    return f"columns {','.join(cols)} (in that order), all rows.", f"df[{_cols(cols)}]", "exact"
+
+
+def _render_values(spec: dict[str, Any]) -> tuple[str, str, str]:
+    """Operations that write a column's values, all rows: fillna, apply, divide."""
+    op, col = spec["op"], spec["col"]
     if op == "fillna":
-        col, value = spec["col"], spec["value"]
+        value = spec["value"]
         return f"fill missing {col} with {value}.", f'df.fillna({{"{col}": {value}}})', "exact"
     if op == "apply":  # a column-wise cleaning or arithmetic function, written back to the column
-        col, fn = spec["col"], spec["fn"]
-        call, word = _APPLY[fn]
+        call, word = _APPLY[spec["fn"]]
         return f"{word} {col} values, all rows.", f'df.assign({col}=df["{col}"]{call})', "exact"
-    if op == "dedupe":
-        return "drop duplicate rows, keeping the first.", "df.drop_duplicates()", "exact"
-    if op == "join":
-        on, how, keep = spec["on"], spec["how"], spec.get("keep")
-        expr = f'df.merge(other, on="{on}"' + (', how="left"' if how == "left" else "") + ")"
-        what = "left join of df with other" if how == "left" else "inner join of df and other"
-        if keep:
-            return f"{what} on {on}; columns {','.join(keep)}; any row order.", f"{expr}[{_cols(keep)}]", "any"
-        return f"{what} on {on}; all columns; any row order.", expr, "any"
+    k, name = spec["k"], spec["name"]  # divide
+    return f"all rows plus a column {name} = {col} / {k}.", f'df.assign({name}=df["{col}"] / {k})', "exact"
+
+
+def _render_aggregate(spec: dict[str, Any]) -> tuple[str, str, str]:
+    """Operations that aggregate rows: group, pivot, mean_all."""
+    op = spec["op"]
     if op == "pivot":
         index, columns, values, agg = spec["index"], spec["columns"], spec["values"], spec["agg"]
         return (f"pivot: a row per {index} (sorted), a column per {columns}, {_AGG_WORD[agg]} {values}, 0 if none.",
                 f'df.pivot_table(index="{index}", columns="{columns}", values="{values}", aggfunc="{agg}", '
                 f"fill_value=0).reset_index()", "exact")
-    if op == "divide":
-        col, k, name = spec["col"], spec["k"], spec["name"]
-        return f"all rows plus a column {name} = {col} / {k}.", f'df.assign({name}=df["{col}"] / {k})', "exact"
     if op == "mean_all":
         return (f"a one-row table, column {spec['name']} = mean of {spec['col']}.",
                 f'pd.DataFrame({{"{spec["name"]}": [df["{spec["col"]}"].mean()]}})', "exact")
-    raise ValueError(f"data env: unknown operation {op!r}")
+    by, col, agg, name = spec["by"], spec.get("col"), spec["agg"], spec.get("name")  # group
+    if agg == "size":
+        return f"number of rows per {by}; columns {by},size; sorted by {by}.", \
+            f'df.groupby("{by}", as_index=False).size()', "exact"
+    if name:
+        expr = f'df.groupby("{by}", as_index=False).agg({name}=("{col}", "{agg}"))'
+    else:
+        expr = f'df.groupby("{by}", as_index=False)["{col}"].{agg}()'
+    digits = spec.get("round")
+    rounded = f", rounded to {digits} decimals" if digits else ""
+    if digits:
+        expr += f".round({digits})"
+    out = name or col
+    return f"{_AGG_WORD[agg]} {col} per {by}{rounded}; columns {by},{out}; sorted by {by}.", expr, "exact"
+
+
+def _render_join(spec: dict[str, Any]) -> tuple[str, str, str]:
+    """A merge of df with the second table ``other``, in any row order."""
+    on, how, keep = spec["on"], spec["how"], spec.get("keep")
+    expr = f'df.merge(other, on="{on}"' + (', how="left"' if how == "left" else "") + ")"
+    what = "left join of df with other" if how == "left" else "inner join of df and other"
+    if keep:
+        return f"{what} on {on}; columns {','.join(keep)}; any row order.", f"{expr}[{_cols(keep)}]", "any"
+    return f"{what} on {on}; all columns; any row order.", expr, "any"
+
+
+_RENDERERS = {
+    "filter": _render_rows, "isna": _render_rows, "dropna": _render_rows, "dedupe": _render_rows,
+    "sort": _render_order, "top": _render_order,
+    "select": _render_columns, "drop": _render_columns,
+    "fillna": _render_values, "apply": _render_values, "divide": _render_values,
+    "group": _render_aggregate, "pivot": _render_aggregate, "mean_all": _render_aggregate,
+    "join": _render_join,
+}
 
 
 # -- tables ------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Generated documents (invoices, emails, log lines, contracts, orders) state some facts; the prompt lists
 the fields to extract with their types. The verifier is three rule validators in a row (reusable ones,
-from closedloop.rewards.validators): one JSON object → the schema (required fields, types,
+from closedloop.envs.validators): one JSON object → the schema (required fields, types,
 enumerations, numeric ranges, dates) → field-level precision and recall against the truth. A chat
 reply's JSON (in a ```json block, or after prose) is read first by envs/extraction.py, and its steps
 then start with ``extract``.
@@ -36,7 +36,7 @@ from closedloop.envs.base import (
 )
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.envs.extraction import extract_json
-from closedloop.rewards.validators import check_schema, field_scores, parse_json
+from closedloop.envs.validators import CHECK_SCHEMA_HELPERS, check_schema, field_scores, parse_json
 
 if TYPE_CHECKING:
     from closedloop.config import ExtractEnvParams
@@ -113,7 +113,9 @@ class ExtractEnv(BaseEnvironment):
     def component_sources(self) -> dict[str, tuple[Callable, Any]]:
         # _judge gates format and schema on the fields: its code is part of what they score.
         read = {"extraction": extraction.version(), "judge": source_of(ExtractEnv._judge)}
-        return {"format": (parse_json, read), "schema": (check_schema, read),
+        # check_schema scores with module-level helpers: their code is part of what it scores.
+        schema_helpers = {"helpers": [source_of(helper) for helper in CHECK_SCHEMA_HELPERS]}
+        return {"format": (parse_json, read), "schema": (check_schema, {**read, **schema_helpers}),
                 "fields": (field_scores, {"numeric_tolerance": NUMERIC_TOLERANCE, **read})}
 
     # -- generation ------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from closedloop.envs.base import (
 )
 from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
-from closedloop.rewards.validators import match_format
+from closedloop.envs.validators import match_format
 
 if TYPE_CHECKING:
     from closedloop.config import RulesEnvParams

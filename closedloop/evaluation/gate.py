@@ -81,17 +81,34 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
     monitors named in ``monitors.block_promotion``: each holds the candidate, whatever its figures.
     ``monitors_failing`` are the other failing monitors: said, deciding nothing.
     """
-    champ_overall = champion["overall"]["pass@1"]
-    cand_overall = candidate["overall"]["pass@1"]
-    delta = cand_overall - champ_overall
-    reasons: list[str] = []
-    promote = True
-    if untrained:
-        promote = False
-        reasons.append(f"candidate not trained: 0 steps ({untrained}); it is the champion unchanged")
+    delta = candidate["overall"]["pass@1"] - champion["overall"]["pass@1"]
+    checks = [
+        _untrained_reasons(untrained),
+        _known_hack_reasons(known_hacks),
+        _review_reasons(review),
+        _monitor_reasons(monitors_holding, monitors_failing),
+        _overall_reasons(champion, candidate, min_improvement=min_improvement),
+    ]
+    group_holds, group_reasons, slice_deltas = _group_reasons(
+        champion, candidate, slice_tolerance=slice_tolerance, noise_z=noise_z, confirmation=confirmation)
+    checks.append((group_holds, group_reasons))
+    return GateDecision(promote=not any(holds for holds, _ in checks),
+                        reasons=[reason for _, reasons in checks for reason in reasons],
+                        overall_delta=delta, slice_deltas=slice_deltas)
+
+
+# Each check below says whether it holds the candidate, and its reasons in the order decide gives them.
+
+def _untrained_reasons(untrained: str | None) -> tuple[bool, list[str]]:
+    if not untrained:
+        return False, []
+    return True, [f"candidate not trained: 0 steps ({untrained}); it is the champion unchanged"]
+
+
+def _known_hack_reasons(known_hacks: Sequence[Mapping[str, Any]]) -> tuple[bool, list[str]]:
+    reasons = []
     held = [hack for hack in known_hacks if hack["holds"]]
     for hack in held:
-        promote = False
         said = f"labelled by {hack['reviewer']}" if hack.get("reviewer") else "labelled"
         if hack.get("iteration") is not None:
             said += f" in iteration {hack['iteration']}"
@@ -101,36 +118,58 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
                        f"{hack['verifier_version']}; every verifier must fail known hacks")
     if known_hacks and not held:
         reasons.append(f"known reward hacks: all {len(known_hacks)} fail under today's verifiers")
-    if review and review.get("mode") == "before_promotion":
-        flagged = [a for a in review.get("answers", ()) if a.get("label") == "reward_hacking"]
-        for answer in flagged:
-            promote = False
-            reasons.append(f"human review: {answer['reviewer']} marked sample {answer['sample_id']} of this batch "
-                           "as reward hacking; the candidate learnt from that batch")
-        if review.get("state") == "answered" and not flagged:
-            reasons.append(f"human review: {len(review.get('answers', ()))} answer(s) from "
-                           f"{', '.join(review.get('reviewers', ()))}, none marking reward hacking")
-        elif review.get("state") != "answered":
-            reasons.append(f"human review: no human scores came ({review.get('state')}); decided without them")
-    for monitor in monitors_holding:
-        promote = False
-        reasons.append(f"{monitor_reason(monitor)}; monitors.block_promotion holds the candidate")
-    for monitor in monitors_failing:
-        reasons.append(f"{monitor_reason(monitor)}; not in monitors.block_promotion, so it holds nothing")
+    return bool(held), reasons
+
+
+def _review_reasons(review: Mapping[str, Any] | None) -> tuple[bool, list[str]]:
+    if not (review and review.get("mode") == "before_promotion"):
+        return False, []
+    reasons = []
+    flagged = [a for a in review.get("answers", ()) if a.get("label") == "reward_hacking"]
+    for answer in flagged:
+        reasons.append(f"human review: {answer['reviewer']} marked sample {answer['sample_id']} of this batch "
+                       "as reward hacking; the candidate learnt from that batch")
+    if review.get("state") == "answered" and not flagged:
+        reasons.append(f"human review: {len(review.get('answers', ()))} answer(s) from "
+                       f"{', '.join(review.get('reviewers', ()))}, none marking reward hacking")
+    elif review.get("state") != "answered":
+        reasons.append(f"human review: no human scores came ({review.get('state')}); decided without them")
+    return bool(flagged), reasons
+
+
+def _monitor_reasons(monitors_holding: Sequence[Mapping[str, Any]],
+                     monitors_failing: Sequence[Mapping[str, Any]]) -> tuple[bool, list[str]]:
+    reasons = [f"{monitor_reason(monitor)}; monitors.block_promotion holds the candidate" for monitor in monitors_holding]
+    reasons += [f"{monitor_reason(monitor)}; not in monitors.block_promotion, so it holds nothing"
+                for monitor in monitors_failing]
+    return bool(monitors_holding), reasons
+
+
+def _overall_reasons(champion: Mapping[str, Any], candidate: Mapping[str, Any], *,
+                     min_improvement: float) -> tuple[bool, list[str]]:
+    champ_overall = champion["overall"]["pass@1"]
+    cand_overall = candidate["overall"]["pass@1"]
+    delta = cand_overall - champ_overall
     if delta > min_improvement:
-        reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
-                       f"(+{delta:.3f} > min_improvement {min_improvement})")
-    else:
-        promote = False
-        reasons.append(f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
-                       f"({delta:+.3f} does not exceed min_improvement {min_improvement})")
+        return False, [f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
+                       f"(+{delta:.3f} > min_improvement {min_improvement})"]
+    return True, [f"overall pass@1 {cand_overall:.3f} vs champion {champ_overall:.3f} "
+                  f"({delta:+.3f} does not exceed min_improvement {min_improvement})"]
+
+
+def _group_reasons(champion: Mapping[str, Any], candidate: Mapping[str, Any], *, slice_tolerance: float,
+                   noise_z: float, confirmation: Mapping[str, Any] | None) -> tuple[bool, list[str], dict[str, float]]:
+    """Every group of the champion checked against the candidate's (or the confirmation's figures):
+    (whether any holds the candidate, the reasons, each group's pass@1 delta by its bare name)."""
+    holds = False
+    reasons: list[str] = []
     slice_deltas = {}
     candidate_groups = groups(candidate)
     confirmed = (confirmation or {}).get("groups", {})
     for name, champ_slice in groups(champion).items():
         cand_slice = candidate_groups.get(name)
         if cand_slice is None:
-            promote = False
+            holds = True
             reasons.append(f"{name}: missing from the candidate's evaluation")
             continue
         slice_delta = cand_slice["pass@1"] - champ_slice["pass@1"]
@@ -145,12 +184,12 @@ def decide(champion: dict[str, Any], candidate: dict[str, Any], *, min_improveme
         slice_deltas[name.split(" ", 1)[1]] = slice_delta
         allowed, why = allowed_drop(champ_slice, cand_slice, slice_tolerance=slice_tolerance, noise_z=noise_z)
         if slice_delta < -allowed:
-            promote = False
+            holds = True
             reasons.append(f"{name} regressed {slice_delta:+.3f} "
                            f"({cand_slice['pass@1']:.3f} vs {champ_slice['pass@1']:.3f}), beyond {why}{first}")
         else:
             reasons.append(f"{name}: {slice_delta:+.3f} within {why}{first}")
-    return GateDecision(promote=promote, reasons=reasons, overall_delta=delta, slice_deltas=slice_deltas)
+    return holds, reasons, slice_deltas
 
 
 def monitor_reason(monitor: Mapping[str, Any]) -> str:

@@ -71,16 +71,15 @@ def generate(
     import torch
     from tqdm.auto import tqdm
 
-    if k < 1 or batch_size < 1 or max_new_tokens < 1:
-        raise ValueError(f"k ({k}), batch_size ({batch_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature ({temperature}) must be >= 0 and top_p ({top_p}) in (0, 1]")
+    _check_settings(k=k, batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     greedy = temperature == 0
     per_prompt = 1 if greedy else k
     prompts_per_batch = max(1, batch_size // per_prompt)
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
     encoded = tokenizer(list(prompts), add_special_tokens=add_special_tokens)["input_ids"] if prompts else []
+    decoding = dict(pad_id=pad_id, eos_ids=eos_ids, stop=stop, max_new_tokens=max_new_tokens,
+                    temperature=temperature, top_p=top_p, tokenizer=tokenizer, context_length=context_length)
 
     was_training = model.training
     model.eval()
@@ -92,31 +91,50 @@ def generate(
             for batch_index, first in enumerate(range(0, len(encoded), prompts_per_batch)):
                 chunk = encoded[first : first + prompts_per_batch]
                 generator = torch.Generator().manual_seed(seed + first_batch + batch_index)
-                batch_start = time.perf_counter()
-                rows = [ids for ids in chunk for _ in range(per_prompt)]
-                tokens, logprobs, eos_hit = _decode_batch(
-                    model, chunk, per_prompt, pad_id=pad_id, eos_ids=eos_ids, stop=stop,
-                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=generator,
-                    tokenizer=tokenizer, context_length=context_length,
-                )
-                texts = _completion_texts(tokenizer, rows, tokens)
-                latency = time.perf_counter() - batch_start
-                for p, prompt_ids in enumerate(chunk):
-                    samples = []
-                    for j in range(per_prompt):
-                        r = p * per_prompt + j
-                        text, reason = _truncate(texts[r], stop, eos_hit[r])
-                        samples.append(Generation(text, len(prompt_ids), len(tokens[r]), reason, latency,
-                                                  tuple(tokens[r]), tuple(logprobs[r])))
-                    results.append(samples * k if greedy else samples)
+                samples = _generate_batch(model, chunk, per_prompt, generator=generator, stop=stop, decoding=decoding)
+                # Greedy rows were decoded once per prompt: each stands for all k samples.
+                results.extend(row * k if greedy else row for row in samples)
                 bar.update(len(chunk) * k)
     finally:
         bar.close()
         model.train(was_training)
-    wall = time.perf_counter() - started
-    sequences = len(prompts) * k
+    return results, _stats(results, sequences=len(prompts) * k, wall=time.perf_counter() - started)
+
+
+def _check_settings(*, k: int, batch_size: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    if k < 1 or batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"k ({k}), batch_size ({batch_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature ({temperature}) must be >= 0 and top_p ({top_p}) in (0, 1]")
+
+
+def _generate_batch(model: Any, chunk: list[list[int]], per_prompt: int, *, generator: Any, stop: list[str],
+                    decoding: dict[str, Any]) -> list[list[Generation]]:
+    """Decode one batch (``per_prompt`` rows for each prompt of ``chunk``): each prompt's generations.
+
+    ``decoding`` holds _decode_batch's keyword arguments but the generator; every generation carries
+    the wall time of the whole batch as its latency.
+    """
+    batch_start = time.perf_counter()
+    rows = [ids for ids in chunk for _ in range(per_prompt)]
+    tokens, logprobs, eos_hit = _decode_batch(model, chunk, per_prompt, generator=generator, **decoding)
+    texts = _completion_texts(decoding["tokenizer"], rows, tokens)
+    latency = time.perf_counter() - batch_start
+    results = []
+    for p, prompt_ids in enumerate(chunk):
+        samples = []
+        for j in range(per_prompt):
+            r = p * per_prompt + j
+            text, reason = _truncate(texts[r], stop, eos_hit[r])
+            samples.append(Generation(text, len(prompt_ids), len(tokens[r]), reason, latency,
+                                      tuple(tokens[r]), tuple(logprobs[r])))
+        results.append(samples)
+    return results
+
+
+def _stats(results: list[list[Generation]], *, sequences: int, wall: float) -> GenerationStats:
     completion_tokens = sum(g.completion_tokens for row in results for g in row)
-    return results, GenerationStats(
+    return GenerationStats(
         wall_s=wall,
         sequences=sequences,
         completion_tokens=completion_tokens,
@@ -155,24 +173,49 @@ def _decode_batch(
     """
     import torch
 
+    eos = torch.tensor(sorted(eos_ids), device=model.device)
+    stop_checker = _StopChecker(tokenizer, stop)
+    cache_arg, cache = _new_cache(model, capacity=max(len(p) for p in prompts) + max_new_tokens)
+    n_rows = len(prompts) * per_prompt
+    # Tokens a row may hold in all before it fills the context (no limit: never reached).
+    rows = _Rows([(context_length or 1 << 30) - len(prompts[row // per_prompt]) for row in range(n_rows)])
+    logits, mask, next_position = _prefill(model, prompts, per_prompt, pad_id=pad_id, cache_arg=cache_arg, cache=cache)
+    for step in range(max_new_tokens):
+        token = _sample(logits, temperature, top_p, generator)  # (A,)
+        checking = rows.record(token.tolist(), _logprobs(logits, token, temperature), torch.isin(token, eos).tolist())
+        if stop_checker.enabled and checking:
+            rows.stop(checking, stop_checker.hits([rows.tokens[rows.batch_rows[i]] for i in checking]))
+        if not any(rows.live) or step == max_new_tokens - 1:
+            break
+        keep_list = rows.compact()
+        if keep_list is not None:
+            keep = torch.tensor(keep_list, device=model.device)
+            cache.batch_select_indices(keep)
+            mask, token, next_position = mask[keep], token[keep], next_position[keep]
+        mask = torch.cat([mask, mask.new_ones(len(rows.live), 1)], dim=1)  # (A, P + step + 1)
+        logits = model(
+            input_ids=token[:, None], attention_mask=mask, position_ids=next_position[:, None], use_cache=True,
+            **{cache_arg: cache},
+        ).logits[:, -1, :]
+        next_position = next_position + 1
+    return rows.tokens, rows.logprobs, rows.eos_hit
+
+
+def _prefill(model: Any, prompts: list[list[int]], per_prompt: int, *, pad_id: int, cache_arg: str,
+             cache: Any) -> tuple[Any, Any, Any]:
+    """Read the prompts into ``cache`` and give each prompt ``per_prompt`` rows.
+
+    Returns the rows' next-token logits (A, V), their attention mask (A, P) and the position of
+    their next token (A,), A = len(prompts) * per_prompt.
+    """
+    import torch
+
     device = model.device
     width = max(len(p) for p in prompts)
     # Left padding: every row's next token goes in the same (last) column.
     input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)  # (N, P)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # (N, P)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # pads get position 0; they are masked anyway
-    eos = torch.tensor(sorted(eos_ids), device=device)
-    stop_checker = _StopChecker(tokenizer, stop)
-    cache_arg, cache = _new_cache(model, capacity=width + max_new_tokens)
-
-    n_rows = len(prompts) * per_prompt
-    # Tokens a row may hold in all before it fills the context (no limit: never reached).
-    room = [(context_length or 1 << 30) - len(prompts[row // per_prompt]) for row in range(n_rows)]
-    new_tokens: list[list[int]] = [[] for _ in range(n_rows)]
-    new_logprobs: list[list[float]] = [[] for _ in range(n_rows)]
-    eos_hit = [False] * n_rows
-    batch_rows = list(range(n_rows))  # original row index of each row in the batch tensors
-    live = [True] * n_rows  # rows still decoding; finished rows ride along until the next compaction
     # The prompt is read once, then its cache copied to its k rows: with short completions the
     # prompt pass was over half the work.
     # logits_to_keep=1: only the last position's logits are needed, saving the lm_head on the prompt.
@@ -185,49 +228,69 @@ def _decode_batch(
         logits = logits.repeat_interleave(per_prompt, dim=0)  # (A, V), A = N * per_prompt
         mask = mask.repeat_interleave(per_prompt, dim=0)
         positions = positions.repeat_interleave(per_prompt, dim=0)
-    next_position = positions[:, -1] + 1  # (A,)
-    for step in range(max_new_tokens):
-        token = _sample(logits, temperature, top_p, generator)  # (A,)
-        token_list = token.tolist()
-        scaled = logits.float() / temperature if temperature > 0 else logits.float()
-        logprob_list = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1).tolist()
-        is_eos = torch.isin(token, eos).tolist()
+    return logits, mask, positions[:, -1] + 1
+
+
+def _logprobs(logits: Any, token: Any, temperature: float) -> list[float]:
+    """Each row's log-probability of its sampled token under the sampling distribution (greedy: temperature 1)."""
+    import torch
+
+    scaled = logits.float() / temperature if temperature > 0 else logits.float()
+    return torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1).tolist()
+
+
+class _Rows:
+    """The decoding state of a batch's rows: the tokens and log-probabilities each row produced,
+    whether it hit EOS, and which rows the batch tensors still hold.
+
+    ``batch_rows[i]`` is the original row index of position i in the batch tensors; ``live[i]``
+    whether it still decodes (finished rows ride along until the next compaction).
+    """
+
+    def __init__(self, room: list[int]):
+        self.room = room  # tokens each row may hold in all before it fills the context
+        self.tokens: list[list[int]] = [[] for _ in room]
+        self.logprobs: list[list[float]] = [[] for _ in room]
+        self.eos_hit = [False] * len(room)
+        self.batch_rows = list(range(len(room)))
+        self.live = [True] * len(room)
+
+    def record(self, token_list: list[int], logprob_list: list[float], is_eos: list[bool]) -> list[int]:
+        """Append one step's tokens to the live rows; the batch positions still live after it (the
+        ones to check for a stop string)."""
         checking = []
-        for i, row in enumerate(batch_rows):
-            if not live[i]:
+        for i, row in enumerate(self.batch_rows):
+            if not self.live[i]:
                 continue
-            new_tokens[row].append(token_list[i])
-            new_logprobs[row].append(logprob_list[i])
+            self.tokens[row].append(token_list[i])
+            self.logprobs[row].append(logprob_list[i])
             if is_eos[i]:
-                eos_hit[row] = True
-                live[i] = False
-            elif len(new_tokens[row]) >= room[row]:
-                live[i] = False  # the context is full: this row ends here, finish reason "length"
+                self.eos_hit[row] = True
+                self.live[i] = False
+            elif len(self.tokens[row]) >= self.room[row]:
+                self.live[i] = False  # the context is full: this row ends here, finish reason "length"
             else:
                 checking.append(i)
-        if stop_checker.enabled and checking:
-            hits = stop_checker.hits([new_tokens[batch_rows[i]] for i in checking])
-            for i, hit in zip(checking, hits):
-                if hit:
-                    live[i] = False
-        n_live = sum(live)
-        if n_live == 0 or step == max_new_tokens - 1:
-            break
-        # Dropping finished rows copies the whole cache, so wait until a quarter of the batch is done.
-        if len(live) - n_live >= max(1, len(live) // 4):
-            keep_list = [i for i, alive in enumerate(live) if alive]
-            keep = torch.tensor(keep_list, device=device)
-            cache.batch_select_indices(keep)
-            mask, token, next_position = mask[keep], token[keep], next_position[keep]
-            batch_rows = [batch_rows[i] for i in keep_list]
-            live = [True] * len(keep_list)
-        mask = torch.cat([mask, mask.new_ones(len(live), 1)], dim=1)  # (A, P + step + 1)
-        logits = model(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_position[:, None], use_cache=True,
-            **{cache_arg: cache},
-        ).logits[:, -1, :]
-        next_position = next_position + 1
-    return new_tokens, new_logprobs, eos_hit
+        return checking
+
+    def stop(self, checked: list[int], hits: list[bool]) -> None:
+        """End the checked batch positions that completed a stop string."""
+        for i, hit in zip(checked, hits):
+            if hit:
+                self.live[i] = False
+
+    def compact(self) -> list[int] | None:
+        """The batch positions to keep when enough rows finished to drop them, else None.
+
+        Dropping finished rows copies the whole cache, so wait until a quarter of the batch is done.
+        """
+        n_live = sum(self.live)
+        if len(self.live) - n_live < max(1, len(self.live) // 4):
+            return None
+        keep_list = [i for i, alive in enumerate(self.live) if alive]
+        self.batch_rows = [self.batch_rows[i] for i in keep_list]
+        self.live = [True] * len(keep_list)
+        return keep_list
 
 
 def _new_cache(model: Any, capacity: int) -> tuple[str, Any]:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from closedloop.config import ExtractEnvParams
+from closedloop.envs import validators
+from closedloop.envs.base import source_of
+from closedloop.envs.extract import ExtractEnv
+from closedloop.envs.validators import CHECK_SCHEMA_HELPERS, check_schema, field_scores, match_format, parse_json
 from closedloop.rewards.combine import source_version
-from closedloop.rewards.validators import check_schema, field_scores, match_format, parse_json
 
 INVOICE = {
     "type": "object",
@@ -219,10 +223,38 @@ class TestMatchFormat:
         assert match_format("R1: yes\nwhat", self.PATTERNS).groups == (("yes",), None, None)
 
 
+FORMATTERS = {"_show", "_json_type", "_SHOW_CHARS"}  # they only write messages
+
+
+def module_helpers(validator) -> set[str]:
+    """The module-level private names a validator reaches, through the helpers it calls (formatters aside)."""
+    reached: set[str] = set()
+    todo = [validator]
+    while todo:
+        obj = todo.pop()
+        functions = [f for f in vars(obj).values() if callable(f)] if isinstance(obj, type) else [obj]
+        codes = [f.__code__ for f in functions if hasattr(f, "__code__")]
+        while codes:
+            code = codes.pop()
+            codes += [c for c in code.co_consts if hasattr(c, "co_names")]  # nested functions
+            for name in code.co_names:
+                if name.startswith("_") and not name.startswith("__") and name not in FORMATTERS | reached:
+                    reached.add(name)
+                    todo += [getattr(validators, name)] if callable(getattr(validators, name, None)) else []
+    return reached
+
+
 @pytest.mark.parametrize("validator", [parse_json, check_schema, field_scores, match_format])
 def test_each_validator_is_its_own_versioned_source(validator):
-    """component_sources hashes the function's source: its scoring helpers must live inside it."""
-    called = {name for name in validator.__code__.co_names if not name.startswith("__")}
-    module_level = {name for name in called if name.startswith("_") and name not in ("_show", "_json_type", "_SHOW_CHARS")}
-    assert not module_level, f"{validator.__name__} calls module helpers {module_level}: they would not be versioned"
+    """component_sources hashes the function's source: its scoring helpers live inside it, or (check_schema)
+    are listed in CHECK_SCHEMA_HELPERS, whose sources the extract env adds to the component's config."""
+    listed = {helper.__name__ for helper in CHECK_SCHEMA_HELPERS} if validator is check_schema else set()
+    unversioned = module_helpers(validator) - listed
+    assert not unversioned, f"{validator.__name__} calls module helpers {unversioned}: they would not be versioned"
     assert source_version(validator, {}) != source_version(validator, {"numeric_tolerance": 1})
+
+
+def test_check_schema_helpers_version_the_schema_component():
+    code, config = ExtractEnv(ExtractEnvParams()).component_sources()["schema"]
+    assert code is check_schema
+    assert config["helpers"] == [source_of(helper) for helper in CHECK_SCHEMA_HELPERS]

@@ -6,15 +6,20 @@ envs/rules.py) instead of copying checks. Each returns a score in [0, 1] (or the
 short message naming the *first* problem ("" when there is none), which environments pass on as
 feedback.
 
-Every public validator keeps its scoring logic inside its own body (helpers are nested), so that
-``inspect.getsource`` of the function is all of what decides its score: an environment's
-``component_sources`` returns the function with its config, and any change to a validator changes
-the version of every reward component built on it. Module-level helpers only format messages.
+An environment's ``component_sources`` returns a validator with its config, and the component's
+version hashes the validator's source (``inspect.getsource``), so any change to a validator must
+change the version of every reward component built on it. ``parse_json``, ``field_scores`` and
+``match_format`` keep their scoring logic inside their own bodies (helpers are nested);
+``check_schema`` is split into module-level helpers, listed in ``CHECK_SCHEMA_HELPERS``, whose
+sources the environment puts in the component's config (envs/extract.py). ``_show`` and
+``_json_type`` only format messages.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 from typing import Any, NamedTuple, Sequence
 
 _SHOW_CHARS = 40
@@ -123,41 +128,27 @@ def check_schema(value: Any, schema: dict) -> SchemaResult:
     them. ``integer`` accepts 3.0 (as JSON Schema does); neither integer nor number accepts a
     boolean or a numeric string.
     """
-    import datetime
-    import re
+    properties, required, checks_of, closed = _schema_checks(schema)
+    if not isinstance(value, dict):
+        count = sum(len(c) for c in checks_of.values()) + len(required) + closed
+        return SchemaResult(0.0, f"expected a JSON object, got {_json_type(value)}", 0, max(count, 1))
+    tally = _Tally()
+    for name, spec in properties.items():
+        _check_property(tally, name, spec, checks_of[name], value, required=name in required)
+    if closed:
+        extra = [key for key in value if key not in properties]
+        tally.record(not extra, f"unexpected field {extra[0]!r}" if extra else "")
+    if tally.total == 0:
+        return SchemaResult(1.0, "", 0, 0)
+    return SchemaResult(tally.satisfied / tally.total, tally.first, tally.satisfied, tally.total)
 
+
+def _schema_checks(schema: dict) -> tuple[dict, set, dict[str, list[str]], bool]:
+    """A schema's properties, required names, the checks of each property (after its type, the
+    constraints it has) and whether ``additionalProperties`` is false; a ValueError for a schema
+    outside check_schema's subset."""
     object_keywords = {"type", "properties", "required", "additionalProperties"}
     property_keywords = {"type", "enum", "minimum", "maximum", "format", "items"}
-    types = {"string", "integer", "number", "boolean", "array", "object", "null"}
-
-    def type_list(spec: dict, where: str) -> list[str]:
-        declared = spec.get("type", [])
-        declared = [declared] if isinstance(declared, str) else list(declared)
-        unknown = [t for t in declared if t not in types]
-        if unknown:
-            raise ValueError(f"check_schema: {where} has unknown type(s) {unknown}")
-        return declared
-
-    def has_type(item: Any, name: str) -> bool:
-        if name == "null":
-            return item is None
-        if name == "boolean":
-            return isinstance(item, bool)
-        if name == "integer":
-            return (isinstance(item, int) and not isinstance(item, bool)) or (isinstance(item, float) and item.is_integer())
-        if name == "number":
-            return isinstance(item, (int, float)) and not isinstance(item, bool)
-        return isinstance(item, {"string": str, "array": list, "object": dict}[name])
-
-    def is_date(item: Any) -> bool:
-        if not isinstance(item, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", item):
-            return False
-        try:
-            datetime.date(int(item[:4]), int(item[5:7]), int(item[8:]))
-        except ValueError:
-            return False
-        return True
-
     unknown = set(schema) - object_keywords
     if unknown or schema.get("type", "object") != "object":
         raise ValueError(f"check_schema: only a top-level object schema with {sorted(object_keywords)} "
@@ -166,16 +157,6 @@ def check_schema(value: Any, schema: dict) -> SchemaResult:
     required = set(schema.get("required", []))
     if required - set(properties):
         raise ValueError(f"check_schema: required field(s) {sorted(required - set(properties))} have no property")
-    total = satisfied = 0
-    first = ""
-
-    def record(ok: bool, message: str, weight: int = 1) -> None:
-        nonlocal total, satisfied, first
-        total += weight
-        satisfied += weight if ok else 0
-        if not ok and not first:
-            first = message
-
     checks_of: dict[str, list[str]] = {}
     for name, spec in properties.items():
         unknown = set(spec) - property_keywords
@@ -183,55 +164,108 @@ def check_schema(value: Any, schema: dict) -> SchemaResult:
             raise ValueError(f"check_schema: property {name!r} has unsupported keyword(s) {sorted(unknown)}")
         if spec.get("format", "date") != "date":
             raise ValueError(f"check_schema: property {name!r} has unsupported format {spec['format']!r}")
-        type_list(spec, f"property {name!r}")
-        type_list(spec.get("items", {}), f"items of {name!r}")
+        _declared_types(spec, f"property {name!r}")
+        _declared_types(spec.get("items", {}), f"items of {name!r}")
         checks_of[name] = ["type"] * ("type" in spec) + [k for k in ("enum", "minimum", "maximum", "format", "items") if k in spec]
     closed = schema.get("additionalProperties", True) is False
-    if not isinstance(value, dict):
-        count = sum(len(c) for c in checks_of.values()) + len(required) + closed
-        return SchemaResult(0.0, f"expected a JSON object, got {_json_type(value)}", 0, max(count, 1))
+    return properties, required, checks_of, closed
 
-    for name, spec in properties.items():
-        checks = checks_of[name]
-        if name not in value:
-            if name in required:
-                record(False, f"field {name!r}: missing (required)", 1 + len(checks))
-            else:
-                record(True, "", len(checks))
-            continue
-        if name in required:
-            record(True, "")
-        item = value[name]
-        declared = type_list(spec, name)
-        if item is None and "null" in declared:
-            record(True, "", len(checks))  # an allowed null: its constraints do not apply
-            continue
-        if declared and not any(has_type(item, t) for t in declared):
-            record(False, f"field {name!r}: expected {' or '.join(declared)}, got {_json_type(item)} {_show(item)}", len(checks))
-            continue
-        if declared:
-            record(True, "")
-        numeric = isinstance(item, (int, float)) and not isinstance(item, bool)
-        if "enum" in spec:
-            ok = any(item == option and type(item) is type(option) for option in spec["enum"])
-            record(ok, f"field {name!r}: {_show(item)} not one of {'|'.join(str(o) for o in spec['enum'])}")
-        if "minimum" in spec:
-            record(not numeric or item >= spec["minimum"], f"field {name!r}: {_show(item)} below minimum {spec['minimum']}")
-        if "maximum" in spec:
-            record(not numeric or item <= spec["maximum"], f"field {name!r}: {_show(item)} above maximum {spec['maximum']}")
-        if "format" in spec:
-            record(not isinstance(item, str) or is_date(item), f"field {name!r}: {_show(item)} is not a date YYYY-MM-DD")
-        if "items" in spec:
-            item_types = type_list(spec["items"], f"items of {name!r}")
-            bad = [i for i, element in enumerate(item) if item_types and not any(has_type(element, t) for t in item_types)] \
-                if isinstance(item, list) else []
-            record(not bad, f"field {name!r}: item {bad[0] if bad else 0} is not {' or '.join(item_types)}" if bad else "")
-    if closed:
-        extra = [key for key in value if key not in properties]
-        record(not extra, f"unexpected field {extra[0]!r}" if extra else "")
-    if total == 0:
-        return SchemaResult(1.0, "", 0, 0)
-    return SchemaResult(satisfied / total, first, satisfied, total)
+
+def _declared_types(spec: dict, where: str) -> list[str]:
+    """The types a property (or its items) declares, as a list; an unknown one is a ValueError."""
+    types = {"string", "integer", "number", "boolean", "array", "object", "null"}
+    declared = spec.get("type", [])
+    declared = [declared] if isinstance(declared, str) else list(declared)
+    unknown = [t for t in declared if t not in types]
+    if unknown:
+        raise ValueError(f"check_schema: {where} has unknown type(s) {unknown}")
+    return declared
+
+
+def _has_type(item: Any, name: str) -> bool:
+    """Whether a JSON value is of the JSON-schema type ``name``."""
+    if name == "null":
+        return item is None
+    if name == "boolean":
+        return isinstance(item, bool)
+    if name == "integer":
+        return (isinstance(item, int) and not isinstance(item, bool)) or (isinstance(item, float) and item.is_integer())
+    if name == "number":
+        return isinstance(item, (int, float)) and not isinstance(item, bool)
+    return isinstance(item, {"string": str, "array": list, "object": dict}[name])
+
+
+def _is_date(item: Any) -> bool:
+    """Whether a value is a YYYY-MM-DD string naming a real calendar date."""
+    if not isinstance(item, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", item):
+        return False
+    try:
+        datetime.date(int(item[:4]), int(item[5:7]), int(item[8:]))
+    except ValueError:
+        return False
+    return True
+
+
+class _Tally:
+    """check_schema's count: checks so far, the satisfied ones, and the first violation's message."""
+
+    def __init__(self) -> None:
+        self.total = self.satisfied = 0
+        self.first = ""
+
+    def record(self, ok: bool, message: str, weight: int = 1) -> None:
+        self.total += weight
+        self.satisfied += weight if ok else 0
+        if not ok and not self.first:
+            self.first = message
+
+
+def _check_property(tally: _Tally, name: str, spec: dict, checks: list[str], value: dict, *, required: bool) -> None:
+    """Count one property's checks of ``value``: its presence (if required), its type, its constraints."""
+    if name not in value:
+        if required:
+            tally.record(False, f"field {name!r}: missing (required)", 1 + len(checks))
+        else:
+            tally.record(True, "", len(checks))
+        return
+    if required:
+        tally.record(True, "")
+    item = value[name]
+    declared = _declared_types(spec, name)
+    if item is None and "null" in declared:
+        tally.record(True, "", len(checks))  # an allowed null: its constraints do not apply
+        return
+    if declared and not any(_has_type(item, t) for t in declared):
+        tally.record(False, f"field {name!r}: expected {' or '.join(declared)}, got {_json_type(item)} {_show(item)}",
+                     len(checks))
+        return
+    if declared:
+        tally.record(True, "")
+    _check_constraints(tally, name, spec, item)
+
+
+def _check_constraints(tally: _Tally, name: str, spec: dict, item: Any) -> None:
+    """Count the enum, minimum, maximum, format and items checks of a present value of the right type."""
+    numeric = isinstance(item, (int, float)) and not isinstance(item, bool)
+    if "enum" in spec:
+        ok = any(item == option and type(item) is type(option) for option in spec["enum"])
+        tally.record(ok, f"field {name!r}: {_show(item)} not one of {'|'.join(str(o) for o in spec['enum'])}")
+    if "minimum" in spec:
+        tally.record(not numeric or item >= spec["minimum"], f"field {name!r}: {_show(item)} below minimum {spec['minimum']}")
+    if "maximum" in spec:
+        tally.record(not numeric or item <= spec["maximum"], f"field {name!r}: {_show(item)} above maximum {spec['maximum']}")
+    if "format" in spec:
+        tally.record(not isinstance(item, str) or _is_date(item), f"field {name!r}: {_show(item)} is not a date YYYY-MM-DD")
+    if "items" in spec:
+        item_types = _declared_types(spec["items"], f"items of {name!r}")
+        bad = [i for i, element in enumerate(item) if item_types and not any(_has_type(element, t) for t in item_types)] \
+            if isinstance(item, list) else []
+        tally.record(not bad, f"field {name!r}: item {bad[0] if bad else 0} is not {' or '.join(item_types)}" if bad else "")
+
+
+# What check_schema's score depends on besides its own body: an environment versions its schema
+# component with their sources too (envs/extract.py, component_sources).
+CHECK_SCHEMA_HELPERS = (_schema_checks, _declared_types, _has_type, _is_date, _Tally, _check_property, _check_constraints)
 
 
 def field_scores(predicted: dict, truth: dict, numeric_tolerance: float = 1e-6) -> FieldScores:
