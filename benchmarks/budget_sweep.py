@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402  (after the path: the project's modules below)
 
 from closedloop.io import read_json, replace_dir, write_json  # noqa: E402
-from closedloop.lineage.record import ensure_labels  # noqa: E402
 from closedloop.stages.common import run_stage  # noqa: E402
+from closedloop.versioning.loop import ensure_labels  # noqa: E402
 from closedloop.workspace import Workspace  # noqa: E402
 
 # Each setting: overrides of the repo's params.yaml. "default" is today's params, the baseline.
@@ -154,11 +154,12 @@ def run_loop(name: str, params: dict, iterations: int, workdir: Path, out: Path,
 def final_check(ws, samples: int) -> dict:
     """The warm start and the final champion on the benchmark, ``samples`` per task, same seed: the
     paired change over tasks ± its standard error (as benchmarks/learning.py computes it)."""
+    from learning import paired_difference, pass_rates
+
     from closedloop.config import load_params
     from closedloop.envs.base import load_tasks
     from closedloop.evaluation.runner import evaluate_policy
     from closedloop.rewards.pools import EnvPools
-    from learning import paired_difference, pass_rates
 
     params = load_params(ws.root)
     tasks = load_tasks(ws.benchmark_tasks)

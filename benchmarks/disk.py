@@ -106,10 +106,11 @@ def changed(model):
 def version_like_the_loop(root: Path, make_model, log_weights: bool) -> dict:
     from closedloop.config import load_params
     from closedloop.io import write_json, write_jsonl
-    from closedloop.lineage import record, tracking
+    from closedloop.lineage import tracking
     from closedloop.lineage.dvc import DvcWorkspace
     from closedloop.models.loading import save_policy
     from closedloop.stages.recorded import run_recorded
+    from closedloop.versioning import loop, register
     from closedloop.workspace import Workspace
 
     ws, dvc = Workspace.at(root), DvcWorkspace(root)
@@ -144,8 +145,8 @@ def version_like_the_loop(root: Path, make_model, log_weights: bool) -> dict:
     recorded("benchmark", {ws.benchmark_tasks: [task]})
     save_model(model, tokenizer, ws.warmstart_model)
     timed("dvc commit (models)", lambda: recorded("warmstart", {ws.references: [task], ws.warmstart_eval: {}}))
-    timed("close loop (replace_dir + dvc add)", lambda: record.close_loop(ws))
-    timed("dvc push", lambda: record.push(ws, params))
+    timed("close loop (replace_dir + dvc add)", lambda: loop.close_loop(ws))
+    timed("dvc push", lambda: register.push(ws, params))
     tracking.configure(ws.root, params.tracking.uri, params.tracking.experiment)
     run0 = tracking.log_iteration(iteration=0, run_name="iteration-000-warmstart", params={}, metrics={},
                                   tags={}, rewards=[], datasets=[], artifacts=[], stage_seconds={})
@@ -156,7 +157,7 @@ def version_like_the_loop(root: Path, make_model, log_weights: bool) -> dict:
         reference=dvc.reference("data/models/warmstart"), log_weights=log_weights))
 
     # iteration 1: the iteration flow
-    timed("close loop (replace_dir + dvc add)", lambda: record.close_loop(ws))
+    timed("close loop (replace_dir + dvc add)", lambda: loop.close_loop(ws))
     recorded("generate", {ws.tasks: [task]})
     recorded("sample", {ws.samples: [{"sample_id": "s0"}], ws.sample_timings: [{}], ws.rollouts: [{}]})
     recorded("reward", {ws.rewards: [{"sample_id": "s0", "reward": 1.0}]})
@@ -167,7 +168,7 @@ def version_like_the_loop(root: Path, make_model, log_weights: bool) -> dict:
     recorded("evaluate", {ws.evaluation: {}})
     recorded("gate", {ws.gate: {"promote": True}})
     timed("promote stage + dvc commit", lambda: run_recorded("promote", root, params))
-    timed("dvc push", lambda: record.push(ws, params))
+    timed("dvc push", lambda: register.push(ws, params))
     exp_rev = timed("dvc exp save", lambda: dvc.exp_save("iter-001-bench"))
     run1 = tracking.log_iteration(iteration=1, run_name="iteration-001", params={}, metrics={}, tags={},
                                   rewards=[], datasets=[], artifacts=[], stage_seconds={})

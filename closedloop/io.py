@@ -92,7 +92,7 @@ def replace_dir(src: Path, dst: Path) -> None:
     Files are hard-linked where the file system allows (else copied): a model folder promoted or made
     the champion costs no bytes and no time, and DVC finds it already linked to its cached object.
     That is safe because nothing in closedloop writes a file in place: every writer, this one
-    included, builds a new file or directory and renames it over the old (see lineage/dvc.py). The
+    included, builds a new file or directory and renames it over the old (see lineage/dvc/). The
     old ``dst`` is renamed away and deleted, never written into, so whatever else links to its
     files (the DVC cache) keeps its bytes.
     """

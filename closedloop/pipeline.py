@@ -12,15 +12,16 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Callable
 
-from closedloop import plots
 from closedloop import workspace as ws
+from closedloop.reports import plots
 from closedloop.stage_files import info_path, metrics_path, timing_path
 
 PACKAGE = "closedloop"
 # Loaded by run_stage by name, for the stages that draw plots only: as a literal import in
 # stages/common.py it would be code of every stage, and an edit to a plot would rerun the warm start.
-PLOTS_MODULE = f"{PACKAGE}.plots"
+PLOTS_MODULE = f"{PACKAGE}.reports.plots"
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class StageSpec:
     params: tuple[str, ...]
     outs: tuple[str, ...]
     module: str = ""  # the stage module whose run() is the stage; closedloop.stages.<name> unless given
-    # Plot files (closedloop/plots.py) run_stage writes after the stage, from the stage's own files.
+    # Plot files (closedloop/reports/plots.py) run_stage writes after the stage, from the stage's own files.
     plots: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -147,6 +148,31 @@ WARM_START_STAGES = ("benchmark", "warmstart")
 ITERATION_STAGES = tuple(name for name in STAGE_NAMES if name not in WARM_START_STAGES)
 
 
+@dataclass(frozen=True)
+class FlowStep:
+    """A step of the iteration flow that is not a DVC stage (its record is a file another stage reads,
+    `dvc add`ed by the step itself), run before ``before`` when ``wanted`` says params.yaml asks for it."""
+
+    name: str
+    before: str
+    wanted: Callable[[Any], bool]  # Params -> bool
+
+
+FLOW_STEPS: tuple[FlowStep, ...] = (
+    # People review this batch's review sample; their answers are the gate's input (review.json).
+    FlowStep("review", before="gate", wanted=lambda params: params.review.mode == "before_promotion"),
+)
+
+
+def iteration_steps(params: Any) -> tuple[str, ...]:
+    """The iteration flow's steps in order: the iteration stages, with the flow steps params ask for."""
+    steps: list[str] = []
+    for stage in ITERATION_STAGES:
+        steps += [step.name for step in FLOW_STEPS if step.before == stage and step.wanted(params)]
+        steps.append(stage)
+    return tuple(steps)
+
+
 def stage_spec(name: str) -> StageSpec:
     for stage in STAGES:
         if stage.name == name:
@@ -247,7 +273,18 @@ def stage_code(module: str) -> tuple[str, ...]:
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # the packages above it
         todo.extend(imported_modules(name))
     root = package_dir()
-    return tuple(sorted(module_file(name).relative_to(root).as_posix() for name in seen))
+    return tuple(sorted(module_file(name).relative_to(root).as_posix() for name in seen if not _no_code(name)))
+
+
+@lru_cache(maxsize=None)
+def _no_code(module: str) -> bool:
+    """A package's __init__ that holds a docstring alone: Python runs it on the way, but no edit to it
+    can change what a stage computes, so it is no stage's code dependency (one with code is)."""
+    path = module_file(module)
+    if path.name != "__init__.py":
+        return False
+    body = ast.parse(path.read_text(), filename=str(path)).body
+    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
 
 
 def render(prefix: str) -> dict:

@@ -60,7 +60,6 @@ def read_progress(root: Path) -> Progress | None:
         data = read_json(path)
         return Progress(**{key: data[key] for key in Progress.__dataclass_fields__ if key in data})
     except (BatchFileError, TypeError, KeyError) as error:
-
         # DVC's stage status still decides what runs again; the iteration number may move on
         say(f"closedloop: warning: {path} is unreadable ({error}); the next iteration starts afresh")
         return None

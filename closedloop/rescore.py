@@ -63,7 +63,7 @@ class StoredBatch:
 
 def newest_per_iteration(root: Path | str) -> dict[int, str]:
     """{iteration: its newest experiment} for every experiment named ``iter-NNN-<fingerprint>``
-    (an iteration re-run is saved again: its newest save counts, as in lineage.record.replay_versions)."""
+    (an iteration re-run is saved again: its newest save counts, as in versioning.resume.replay_versions)."""
 
     return DvcWorkspace(root).iteration_experiments()
 

@@ -10,7 +10,7 @@ from closedloop.config import PARAMS_FILE, default_params_yaml, load_params, wri
 from closedloop.lineage.dvc import DvcWorkspace
 from closedloop.lineage.gitstate import git_identity_env
 from closedloop.pipeline import code_prefix, render_yaml
-from closedloop.plots import write_templates
+from closedloop.reports.plots import write_templates
 
 GITIGNORE = """\
 # closedloop: local stores (the DVC remote, MLflow's store and artifacts) and scratch directories.

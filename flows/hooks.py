@@ -7,8 +7,8 @@ import time
 
 from closedloop.config import load_params
 from closedloop.io import say
-from closedloop.lineage.record import record_failure
 from closedloop.progress import read_progress
+from closedloop.versioning.failures import record_failure
 from closedloop.workspace import Workspace
 
 # How long a flow that saw its own cancel waits for the runner to stop it, on a quiet machine.

@@ -13,15 +13,16 @@ from typing import Optional
 from prefect import flow
 
 from closedloop.config import Params, load_params
-from closedloop.evaluation.report import gate_markdown, monitors_markdown
 from closedloop.io import read_json, say
-from closedloop.pipeline import ITERATION_STAGES
+from closedloop.pipeline import ITERATION_STAGES, iteration_steps
+from closedloop.reports.gate_report import gate_markdown, monitors_markdown
 from closedloop.runlock import workspace_lock
 from closedloop.stages.validate import BatchValidationError
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, hold_if_cancelled, on_interrupted
 from flows.params import workspace_params
 from flows.ray_runner import stage_runner
+from flows.review import review_for_iteration
 from tasks import lineage
 
 
@@ -48,8 +49,6 @@ def _review_before_promotion(workspace: str, params: Params, timing: dict) -> No
     if lineage.review_settled(workspace, params.loop.iteration):
         say(f"closedloop: resume: the review of iteration {params.loop.iteration} already came back; not asked again")
         return
-    from flows.review import review_for_iteration
-
     started = time.perf_counter()
     lineage.note_stage(workspace, "review", done=False)  # not a DVC stage: its record is review.json
     outcome = lineage.record_review(workspace, params, review_for_iteration(workspace, params))
@@ -59,6 +58,10 @@ def _review_before_promotion(workspace: str, params: Params, timing: dict) -> No
             "before the gate")
     else:
         say(f"closedloop: review: no human scores came ({outcome['state']}); the gate decides without them")
+
+
+# What runs each of pipeline.FLOW_STEPS in this flow.
+FLOW_STEP_RUNNERS = {"review": _review_before_promotion}
 
 
 def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict:
@@ -78,11 +81,10 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
         # execution.backend local: each stage task called here, in the flow process; ray: submitted to
         # prefect-ray's RayTaskRunner (flows/ray_runner.py) and waited for, one stage at a time.
         with stage_runner(params) as run_stage:
-            for current in ITERATION_STAGES:  # validate stops a failing batch here, before training
-                if current == "gate" and params.review.mode == "before_promotion":
-                    current = "review"
-                    _review_before_promotion(workspace, params, timing)
-                    current = "gate"
+            for current in iteration_steps(params):  # validate stops a failing batch here, before training
+                if current in FLOW_STEP_RUNNERS:  # a step of the flow that is not a DVC stage
+                    FLOW_STEP_RUNNERS[current](workspace, params, timing)
+                    continue
                 if resuming and lineage.stage_done(workspace, current):
                     say(f"closedloop: resume: stage {current} already done for iteration {params.loop.iteration} "
                         "(its outputs match dvc.lock); not run again")
@@ -97,7 +99,6 @@ def _iteration(params: Optional[Params], workspace: str, progress: bool) -> dict
                 timing["work"][current] = metrics["seconds"]
                 timing["recorded"][current] = metrics["recorded_seconds"]
     except Exception as error:
-
         lineage.record_failure(workspace, params, current, str(error), final=isinstance(error, BatchValidationError))
         raise
     version_started = time.perf_counter()

@@ -8,10 +8,10 @@ from prefect import flow
 
 from closedloop.config import Params, write_params
 from closedloop.io import read_json, say
-from closedloop.lineage.record import has_champion
 from closedloop.pipeline import WARM_START_STAGES
 from closedloop.progress import Progress, read_progress, write_progress
 from closedloop.runlock import workspace_lock
+from closedloop.versioning.loop import has_champion
 from closedloop.workspace import Workspace
 from flows.hooks import flow_run_id, flow_run_ids, on_interrupted
 from flows.iteration import iteration_flow

@@ -42,6 +42,7 @@ from closedloop.config import Params
 from closedloop.execution.base import ExecutionError
 from closedloop.execution.ray_backend import check_reachable
 from closedloop.faults import fault_env
+from tasks import stages
 
 # Stages that train a model in the stage task's own process. The others hand their model work to
 # the executor (sampling and evaluation shards on actors; the train stage to a Ray task of its own
@@ -53,8 +54,6 @@ StageCall = Callable[[str, str, Params, bool], dict]
 
 def _direct(name: str, workspace: str, params: Params, progress: bool) -> dict:
     """execution.backend local: the stage task called in the flow process, as the flows always did."""
-    from tasks import stages
-
     return stages.STAGE_TASKS[name](workspace, params, progress)
 
 
@@ -131,8 +130,6 @@ def stage_runner(params: Params) -> Iterator[StageCall]:
         yield _direct
         return
     from prefect_ray.context import remote_options
-
-    from tasks import stages
 
     with _entered(ray_task_runner(params), params.execution.ray.address) as runner:
         def on_ray(name: str, workspace: str, params: Params, progress: bool) -> dict:

@@ -1,8 +1,7 @@
 """Batch validation with Great Expectations: the gate between grading and training.
 
 The only module that imports ``great_expectations`` (lazily: the import alone takes ~3 s). The suite
-is declared as plain data (:func:`_specs`) so :func:`suite_fingerprint` can version it without
-importing GX, and so the checks read as a table. The suite is a function of ``k`` alone.
+is declared as plain data in closedloop/batch_suite.py, versioned there without importing GX. The suite is a function of ``k`` alone.
 
 Four tables are validated: ``graded``, ``tasks``, ``fixes`` and ``per_task``, a table derived from
 ``tasks`` LEFT JOIN ``graded`` so a task that got no samples shows up with ``n_samples == 0`` instead of
@@ -15,54 +14,16 @@ also make failures quote the dangling ids themselves.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-BUCKETS = ("positive", "partial", "error")
-
-# column -> type name understood by GX's ExpectColumnValuesToBeOfType. "str" is used (not a dtype
-# name) because it checks values one by one on object columns and also accepts pandas 3's default
-# "str" dtype, which ExpectColumnValuesToBeInTypeList does not recognise under any name.
-GRADED_COLUMNS: dict[str, str] = {
-    "sample_id": "str",
-    "task_id": "str",
-    "env": "str",
-    "slice": "str",
-    "kind": "str",
-    "sample_index": "int",
-    "completion": "str",
-    "model_version": "str",
-    "prompt_tokens": "int",
-    "completion_tokens": "int",
-    "finish_reason": "str",
-    "status": "str",
-    "parses": "bool",
-    "runs": "bool",
-    "tests_passed": "int",
-    "tests_total": "int",
-    "reward": "float",
-    "bucket": "str",
-}
-TASKS_COLUMNS: dict[str, str] = {"task_id": "str", "env": "str", "slice": "str", "kind": "str"}
-FIXES_COLUMNS: dict[str, str] = {
-    "pair_id": "str",
-    "task_id": "str",
-    "failed_sample_id": "str",
-    "fixed_sample_id": "str",
-    "prompt": "str",
-    "completion": "str",
-}
-_FIXES_REFS = ("task_id", "failed_sample_id", "fixed_sample_id")  # fixes columns that must resolve
-PER_TASK_COLUMNS = ("task_id", "n_samples", "n_positive", "n_partial", "n_error", "n_bucketed")
+from closedloop.batch_suite import BUCKETS, FIXES_REFS, PER_TASK_COLUMNS, Spec, suite_specs
 
 # The column that names a row in failure messages ("at sample_id ['s7']"), per table.
 _ROW_KEY = {"graded": "sample_id", "tasks": "task_id", "fixes": "pair_id", "per_task": "task_id"}
 _EXAMPLES = 5  # unexpected values quoted per failure
 _SITE = "closedloop"
-_PRESENCE = "ExpectTableColumnsToMatchSet"
 
 
 @dataclass(frozen=True)
@@ -92,70 +53,6 @@ class ValidationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class _Spec:
-    table: str
-    expectation: str  # GX class name in great_expectations.expectations
-    kwargs: dict[str, Any]
-
-
-def _column_specs(table: str, columns: dict[str, str]) -> list[_Spec]:
-    # One table-level presence check instead of one per column: each GX expectation costs ~10 ms
-    # of planning, and _failures splits a miss back into one failure per missing column.
-    specs = [_Spec(table, _PRESENCE, {"column_set": list(columns), "exact_match": False})]
-    for name, type_ in columns.items():
-        specs += [
-            _Spec(table, "ExpectColumnValuesToNotBeNull", {"column": name}),
-            _Spec(table, "ExpectColumnValuesToBeOfType", {"column": name, "type_": type_}),
-        ]
-    return specs
-
-
-def _specs(k: int) -> list[_Spec]:
-    """The whole suite as data, in a stable order (the fingerprint hashes it)."""
-    between = "ExpectColumnValuesToBeBetween"
-    specs = _column_specs("graded", GRADED_COLUMNS) + [
-        _Spec("graded", "ExpectColumnValuesToBeUnique", {"column": "sample_id"}),
-        _Spec("graded", between, {"column": "reward", "min_value": 0.0, "max_value": 1.0}),
-        _Spec("graded", between, {"column": "sample_index", "min_value": 0, "max_value": k - 1}),
-        _Spec("graded", between, {"column": "prompt_tokens", "min_value": 0}),
-        _Spec("graded", between, {"column": "completion_tokens", "min_value": 0}),
-        _Spec("graded", between, {"column": "tests_passed", "min_value": 0}),
-        _Spec("graded", between, {"column": "tests_total", "min_value": 1}),
-        _Spec(
-            "graded",
-            "ExpectColumnPairValuesAToBeGreaterThanB",
-            {"column_A": "tests_total", "column_B": "tests_passed", "or_equal": True},
-        ),
-        _Spec("graded", "ExpectColumnValuesToBeInSet", {"column": "bucket", "value_set": list(BUCKETS)}),
-        # expected_bucket is derived from the test counts by _expected_bucket
-        _Spec("graded", "ExpectColumnPairValuesToBeEqual", {"column_A": "bucket", "column_B": "expected_bucket"}),
-        _Spec("graded", "ExpectColumnValuesToBeNull", {"column": "orphan_task_id"}),
-    ]
-    specs += _column_specs("tasks", TASKS_COLUMNS) + [
-        _Spec("tasks", "ExpectColumnValuesToBeUnique", {"column": "task_id"}),
-    ]
-    specs += _column_specs("fixes", FIXES_COLUMNS) + [
-        _Spec("fixes", "ExpectColumnValuesToBeUnique", {"column": "pair_id"}),
-        _Spec("fixes", "ExpectColumnValueLengthsToBeBetween", {"column": "prompt", "min_value": 1}),
-        _Spec("fixes", "ExpectColumnValueLengthsToBeBetween", {"column": "completion", "min_value": 1}),
-    ]
-    specs += [_Spec("fixes", "ExpectColumnValuesToBeNull", {"column": f"orphan_{c}"}) for c in _FIXES_REFS]
-    specs += [
-        _Spec("per_task", between, {"column": "n_samples", "min_value": k, "max_value": k}),
-        _Spec("per_task", "ExpectColumnPairValuesToBeEqual", {"column_A": "n_bucketed", "column_B": "n_samples"}),
-    ]
-    return specs
-
-
-def suite_fingerprint(k: int) -> str:
-    """Short sha256 of the suite definition: the validator's version in lineage."""
-    payload = json.dumps(
-        [[s.table, s.expectation, s.kwargs] for s in _specs(k)], sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
 # --- derived tables (pandas, imported lazily by the callers) -------------------------------------
@@ -213,7 +110,7 @@ def _derived_tables(graded: Any, tasks: Any, fixes: Any) -> dict[str, Any]:
         (graded, "expected_bucket", _expected_bucket(graded)),
         (graded, "orphan_task_id", _orphans(graded, "task_id", tasks, "task_id")),
     ]
-    for ref in _FIXES_REFS:
+    for ref in FIXES_REFS:
         target, key = (tasks, "task_id") if ref == "task_id" else (graded, "sample_id")
         derived.append((fixes, f"orphan_{ref}", _orphans(fixes, ref, target, key)))
     for frame, name, values in derived:
@@ -320,8 +217,8 @@ def validate_batch(graded: Any, tasks: Any, fixes: Any, *, k: int, docs_dir: Pat
     docs_dir.mkdir(parents=True, exist_ok=True)
     context = _context(docs_dir)
     source = context.data_sources.add_pandas("closedloop")
-    by_table: dict[str, list[_Spec]] = {}
-    for spec in _specs(k):
+    by_table: dict[str, list[Spec]] = {}
+    for spec in suite_specs(k):
         by_table.setdefault(spec.table, []).append(spec)
 
     evaluated = 0

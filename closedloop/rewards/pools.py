@@ -46,7 +46,6 @@ class EnvPools:
 
     def env(self, name: str):
         if name not in self._envs:
-
             self._envs[name] = get_env(name, self.params)
         return self._envs[name]
 
@@ -54,7 +53,6 @@ class EnvPools:
         if not self.env(name).uses_sandbox:
             return None
         if name not in self._pools:
-
             try:
                 self._pools[name] = sandbox_pool(self.params, name, self.sandbox_workers).__enter__()
             except SandboxUnavailable as error:

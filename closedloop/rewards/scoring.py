@@ -30,7 +30,6 @@ def score_batch(params: Params, tasks: Mapping[str, dict], samples: Sequence[dic
     """
 
     if combiner_version is None:
-
         combiner_version = feedback_sources(params)["combiner"]
     env_names = sorted({s["env"] for s in samples})
     sources = build_sources(params, verifiers, env_names, labels_path)

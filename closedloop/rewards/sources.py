@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import closedloop.sandbox as sandbox
+from closedloop.batch_suite import suite_fingerprint
 from closedloop.config import Params
 from closedloop.envs import get_env, reward_weights
-from closedloop.lineage.validation import suite_fingerprint
 from closedloop.rewards.combine import combine, source_version
 from closedloop.rewards.user_sources import user_sources
 

@@ -78,7 +78,6 @@ class ShardedVerifiers:
 
     def env(self, name: str):
         if name not in self._envs:
-
             self._envs[name] = get_env(name, self.params)
         return self._envs[name]
 
@@ -130,7 +129,6 @@ class ShardedVerifiers:
 
     def _workers(self):
         if self._pool is None:
-
             resources = shard_resources(self.params, gpus=False)
             # reward.workers 0 (one sandbox process per core): per worker, the cores it was given.
             sandbox_workers = self.params.reward.workers or self.executor.worker_cpus(resources)

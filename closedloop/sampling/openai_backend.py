@@ -55,7 +55,6 @@ class OpenAISampler(SamplerBase):
         self.bos_prefix = _duplicate_bos(tokenizer) if self.prompt_format.kind == "chat" else ""
         self.process = None
         if server.managed:
-
             self.process = start_server(self.model_dir, params)
             self.url, self.served_model = self.process.url, self.process.model
         else:

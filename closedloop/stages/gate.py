@@ -48,7 +48,7 @@ def run(ctx: StageContext) -> dict:
                      "slice_tolerance": ctx.params.gate.slice_tolerance, "noise_z": ctx.params.gate.noise_z,
                      "confirm_samples": ctx.params.gate.confirm_samples,
                      "block_promotion": list(blocking)},
-        # What the gate report's monitors table shows (evaluation/report.py).
+        # What the gate report's monitors table shows (reports/gate_report.py).
         "monitors": [{key: monitor.get(key) for key in MONITOR_KEYS} for monitor in monitors],
         "monitors_holding": [monitor["name"] for monitor in holding],
         # The groups measured again (the evaluate stage's second look) and their figures there.

@@ -1,7 +1,7 @@
 """A stage run in-process and then recorded in dvc.lock, as `dvc repro` would have recorded it.
 
 Not in stages/common.py: no stage imports this module, so the DVC adapter is not code of every stage
-(an edit to lineage/dvc.py must not make `dvc repro` rerun the pipeline).
+(an edit to lineage/dvc/ must not make `dvc repro` rerun the pipeline).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def test_dvc_metrics_plots_and_experiments_show_the_loop(ran):
     import io
     import json
 
-    from closedloop.plots import DEFINITIONS
+    from closedloop.reports.plots import DEFINITIONS
 
     root, _ = ran
     shown = cli("dvc", "metrics", "show", "--json", cwd=root)
@@ -162,7 +162,7 @@ def test_report_page_shows_the_gate_both_iterations_and_real_plots(ran, tmp_path
     import json
     import re
 
-    from closedloop.evaluation.report import decision_sentence
+    from closedloop.reports.gate_report import decision_sentence
 
     root, _ = ran
     out = tmp_path / "report.html"

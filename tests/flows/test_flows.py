@@ -235,7 +235,7 @@ def test_replay_reads_an_earlier_batch_through_dvc_and_the_loop_names_it(looped,
     stage reads that version of the training set through DVC, not the file in the workspace."""
     import shutil
 
-    from closedloop.lineage.record import begin_iteration
+    from closedloop.versioning.resume import begin_iteration
     from closedloop.workspace import TRAIN_SET, Workspace
 
     root, result = looped
@@ -265,7 +265,7 @@ def test_a_resumed_iteration_keeps_the_champion_it_began_with(looped, tmp_path):
     candidate as its champion when resumed; a fresh iteration does take the promoted one."""
     import shutil
 
-    from closedloop.lineage.record import close_loop
+    from closedloop.versioning.loop import close_loop
     from closedloop.models.loading import model_fingerprint
     from closedloop.workspace import Workspace
 

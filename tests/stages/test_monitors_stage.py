@@ -125,7 +125,7 @@ def test_the_same_batch_again_trips_nothing_and_the_report_is_the_same_bytes(ws)
     ([], True),  # the same failure, not named: said, and the figures decide
 ])
 def test_block_promotion_makes_the_gate_hold_a_candidate_it_would_promote(ws, blocking, promote):
-    from closedloop.evaluation.report import gate_markdown
+    from closedloop.reports.gate_report import gate_markdown
 
     write_batch(ws, 2, timeouts=16, settings=params(2, versions=[PREVIOUS], block_promotion=blocking))
     run_stage("monitors", ws.root)

@@ -99,7 +99,7 @@ def saved(tmp_path_factory):
     as the loop names it. Its batch carries a human label (on the first terse sample)."""
     from closedloop.config import load_params
     from closedloop.io import read_jsonl, write_jsonl
-    from closedloop.lineage.record import close_loop, record_labels
+    from closedloop.versioning.loop import close_loop, record_labels
     from closedloop.pipeline import STAGE_NAMES
     from closedloop.rewards.human import completion_sha256
     from closedloop.scaffold import init_workspace

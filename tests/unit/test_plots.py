@@ -1,10 +1,10 @@
-"""The plot data DVC draws (closedloop/plots.py): rows from plain records, and their declarations."""
+"""The plot data DVC draws (closedloop/reports/plots.py): rows from plain records, and their declarations."""
 
 import json
 
 import pytest
 
-from closedloop.plots import (
+from closedloop.reports.plots import (
     BENCHMARK,
     DEFINITIONS,
     HISTORY,

@@ -1,4 +1,4 @@
-"""The gate decision as people read it (closedloop/evaluation/report.py): the version description
+"""The gate decision as people read it (closedloop/reports/gate_report.py): the version description
 and the Markdown artifact, from gate.json as the gate stage writes it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from closedloop.evaluation.gate import decide
-from closedloop.evaluation.report import (
+from closedloop.reports.gate_report import (
     comparisons,
     decision_sentence,
     gate_markdown,

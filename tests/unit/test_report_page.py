@@ -1,4 +1,4 @@
-"""The report page from plain records (closedloop/report_html.py): escaped text, real PNG figures, the
+"""The report page from plain records (closedloop/reports/html.py): escaped text, real PNG figures, the
 monitors' table as the monitors stage writes it, and a page that cannot be made only warns."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from closedloop.report_page import PageData, feedback_versions
+from closedloop.reports.page import PageData, feedback_versions
 
 SUMMARY = {"overall": {"pass@1": 0.5, "se": 0.1, "tasks": 8},
            "envs": {"code": {"pass@1": 0.5, "se": 0.1, "tasks": 4}, "rules": {"pass@1": 0.5, "se": 0.1, "tasks": 4}},
@@ -49,7 +49,7 @@ def _pngs(page: str) -> list[bytes]:
 
 
 def test_page_embeds_real_pngs_and_escapes_every_text():
-    from closedloop.report_html import render
+    from closedloop.reports.html import render
 
     page = render(_page())
     images = _pngs(page)
@@ -64,7 +64,7 @@ def test_page_embeds_real_pngs_and_escapes_every_text():
 
 
 def test_monitors_table_names_each_monitor_and_what_holds():
-    from closedloop.report_html import render
+    from closedloop.reports.html import render
 
     page = render(_page())
     section = page.split("<h2>Monitors</h2>")[1].split("<h2>")[0]
@@ -76,7 +76,7 @@ def test_monitors_table_names_each_monitor_and_what_holds():
 
 
 def test_gate_lineage_and_sources_are_on_the_page():
-    from closedloop.report_html import render
+    from closedloop.reports.html import render
 
     page = render(_page())
     assert "<strong>Held:</strong>" in page and "champion v2" in page and "candidate v3" in page
@@ -99,7 +99,7 @@ def test_feedback_versions(rows, expected):
 
 def test_a_page_that_cannot_be_made_warns_and_keeps_the_records(tmp_path, capsys):
     from closedloop.config import Params
-    from closedloop.lineage.record import log_report
+    from closedloop.versioning.register import log_report
     from closedloop.workspace import Workspace
 
     params = Params()
@@ -123,7 +123,7 @@ def test_a_page_that_cannot_be_made_warns_and_keeps_the_records(tmp_path, capsys
     ({"report_error": "ReportError: boom"}, "not logged (ReportError: boom); `closedloop report --iteration 2"),
 ])
 def test_gate_report_links_the_page(summary, expected):
-    from closedloop.evaluation.report import gate_markdown
+    from closedloop.reports.gate_report import gate_markdown
 
     text = gate_markdown(GATE, {"iteration": 2, "promoted": False, "model_version": "3", "parent_version": "2",
                                 **summary})

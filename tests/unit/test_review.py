@@ -255,7 +255,7 @@ def test_a_resumed_iteration_merges_no_answers_and_a_recorded_labels_file_is_nev
 
     from closedloop.config import Params
     from closedloop.io import read_json
-    from closedloop.lineage.record import merge_reviews
+    from closedloop.versioning.reviews import merge_reviews
     from closedloop.review.labels import append_to_inbox, queued_answers
     from closedloop.workspace import HUMAN_LABELS, Workspace
 

@@ -13,9 +13,9 @@ pytest.importorskip("great_expectations")
 from closedloop.lineage.validation import (  # noqa: E402
     ExpectationFailure,
     ValidationReport,
-    suite_fingerprint,
     validate_batch,
 )
+from closedloop.batch_suite import suite_fingerprint  # noqa: E402
 
 K = 2
 

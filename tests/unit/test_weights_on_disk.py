@@ -87,7 +87,7 @@ def corrupt_objects(store: Path) -> list[str]:
 
 def warm_start(root: Path) -> DvcWorkspace:
     """The warm start's versioning: the stage output committed, the champion made from it (close_loop)."""
-    from closedloop.lineage.record import close_loop
+    from closedloop.versioning.loop import close_loop
 
     commit_stage(root, "benchmark", {paths.BENCHMARK_TASKS: [{"task_id": "t0"}]})
     save_like_a_stage(root / paths.WARMSTART_MODEL, seed=0)
@@ -136,7 +136,7 @@ class TestCacheType:
 
 class TestOneCopy:
     def test_versions_share_inodes_with_the_cache_and_stay_intact(self, workspace) -> None:
-        from closedloop.lineage.record import close_loop
+        from closedloop.versioning.loop import close_loop
         from closedloop.config import load_params
         from closedloop.stages.recorded import run_recorded
 
