@@ -37,13 +37,13 @@ class Task:
     gives it full reward).
     """
 
-    task_id: str
-    env: str
+    task_id: str  # unique within a file or batch; sample and reward rows refer to it
+    env: str  # the environment that generated it and whose verifier scores it
     split: str  # "train" or "benchmark"
     slice: str  # "core", "edge", "failure_modes" or (benchmark only) "heldout"
     kind: str  # the generator family, for per-kind reporting
     prompt: str
-    entry_point: str
+    entry_point: str  # what the completion must define or answer with (a function, a script, a JSON object)
     checks: dict[str, Any]
     reference: str
 

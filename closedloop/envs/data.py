@@ -114,9 +114,9 @@ Cell = Union[bool, int, float, str, None]  # None: a missing value (NaN)
 class Table(TypedDict):
     """A table as the driver returns it and a task's expected one is stored."""
 
-    columns: list[str]
+    columns: list[str]  # column names, in order
     dtypes: list[Literal["bool", "int", "float", "str", "other"]]  # _closedloop_kind's, one per column
-    rows: list[list[Cell]]
+    rows: list[list[Cell]]  # one list of cells per row, in the columns' order
 
 
 class DataChecks(TypedDict):

@@ -53,13 +53,15 @@ Rule = TypedDict("Rule", {"id": str, "if": dict[str, Any], "then": str})
 
 
 class RuleSpec(TypedDict):
-    case: dict[str, Any]
-    rules: list[Rule]
-    default: str
+    case: dict[str, Any]  # the record the rules are applied to: attribute -> value
+    rules: list[Rule]  # in listing order; the first that applies decides
+    default: str  # the decision when no rule applies
 
 
 class RulesChecks(TypedDict):
-    spec: RuleSpec
+    """A rules task's checks: the spec the trusted rule engine runs to get each rule's verdict and the decision."""
+
+    spec: RuleSpec  # the case, the rules and the default decision
 
 
 class Chain(NamedTuple):

@@ -130,6 +130,8 @@ class ScriptEnv(BaseEnvironment):
 
     @staticmethod
     def check_task(task: Task) -> list[str]:
+        """Every path of the starting file tree (``checks.start``) must be a relative path inside the
+        sandbox job's directory, as the sandbox places files."""
         return file_tree_problems(task.checks["start"], "checks.start")
 
     def component_sources(self) -> dict[str, tuple[Any, Any]]:
