@@ -25,7 +25,7 @@ from closedloop.rewards.pools import EnvPools, SandboxSetupError
 from closedloop.runlock import WorkspaceBusy, local_state_dir, workspace_lock
 from closedloop.sandbox import SandboxUnavailable
 from closedloop.scaffold import WorkspaceError, init_workspace, require_workspace
-from closedloop.stages import run_stage
+from closedloop.stages.common import run_stage
 from closedloop.stages.common import StageError
 from closedloop.status import status_text
 from closedloop.verify import infra_failure, load_samples, load_tasks, print_summary, verify_files

@@ -67,7 +67,7 @@ def test_supervised_modes_that_train_nothing_say_so_too(untrained, tmp_path, tra
 
     import yaml
 
-    from closedloop.stages import run_stage
+    from closedloop.stages.common import run_stage
 
     root, _ = untrained
     copy = tmp_path / "ws"

@@ -8,7 +8,7 @@ import pytest
 
 from closedloop.config import load_params
 from closedloop.io import read_json, read_jsonl, replace_dir, write_jsonl
-from closedloop.stages import StageError, run_stage
+from closedloop.stages.common import StageError, run_stage
 from closedloop.workspace import Workspace
 from tests.stages.test_stages import STAGES_AFTER_WARM_START
 

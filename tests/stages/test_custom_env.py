@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from closedloop.io import read_json, read_jsonl, replace_dir
-from closedloop.stages import run_stage
+from closedloop.stages.common import run_stage
 from closedloop.workspace import Workspace
 
 # What a user writes in their own repository: no closedloop internals beyond Task and Verdict.

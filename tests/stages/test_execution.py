@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from closedloop.io import read_json, replace_dir
-from closedloop.stages import run_stage
+from closedloop.stages.common import run_stage
 from closedloop.workspace import Workspace
 
 BATCH = ("data/batch/samples.jsonl", "data/batch/rollouts.jsonl", "data/batch/rewards.jsonl")

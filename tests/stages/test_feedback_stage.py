@@ -15,7 +15,7 @@ from closedloop.io import read_json, read_jsonl, write_json, write_jsonl
 from closedloop.rewards.combine import combine
 from closedloop.rewards.hacks import KNOWN_HACKS_CHECK
 from closedloop.rewards.human import completion_sha256, labels_version
-from closedloop.stages import StageError, run_stage
+from closedloop.stages.common import StageError, run_stage
 from closedloop.workspace import Workspace
 
 # What a user writes in their own repository: any class with components, version and score().

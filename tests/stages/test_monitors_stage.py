@@ -15,7 +15,7 @@ from closedloop.io import read_json, write_json, write_jsonl
 from closedloop.lineage.dvc import DvcWorkspace
 from closedloop.lineage.gitstate import git_identity_env
 from closedloop.stage_files import info_path, metrics_path
-from closedloop.stages import StageError, run_stage
+from closedloop.stages.common import StageError, run_stage
 from closedloop.workspace import Workspace
 
 PREVIOUS = "iter-001-0123abcd"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from closedloop.io import read_json, read_jsonl, replace_dir
-from closedloop.stages import run_stage
+from closedloop.stages.common import run_stage
 from closedloop.workspace import Workspace
 from tests.conftest import TINY
 

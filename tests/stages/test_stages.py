@@ -10,7 +10,7 @@ import pytest
 from closedloop.config import ConfigError, load_params
 from closedloop.io import read_json, read_jsonl, replace_dir
 from closedloop.stage_files import stage_result
-from closedloop.stages import StageError, run_stage
+from closedloop.stages.common import StageError, run_stage
 from closedloop.workspace import Workspace
 
 STAGES_AFTER_WARM_START = ("generate", "sample", "reward", "grade", "validate", "train", "evaluate", "monitors",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from closedloop.stages import StageError, run_stage
+from closedloop.stages.common import StageError, run_stage
 from closedloop.workspace import Workspace
 from tests.conftest import TINY
 
