@@ -4,10 +4,11 @@ of every stage compared by its md5 and every stage's metrics file compared with 
 
     python benchmarks/same_outputs.py --before 61ad117 --after HEAD [--iterations 1]
 
-Reward rows name the version of each feedback source: a hash of the source's code. A revision that moves
-or edits a verifier's code changes those strings, and only those; so a file that differs is compared
-again with its version fields left out, and the report says which files differ and whether versions
-alone explain it. Exit status 0 when every output is the same or differs only in versions.
+Two kinds of field differ by design and are compared apart: the version of each feedback source (a hash
+of the source's code, so a revision that moves or edits a verifier's code changes those strings), and
+wall-clock figures (seconds, throughput, the timing files, GX's Data Docs pages with their run
+timestamps). A file that differs is compared again without them, and the report says which files
+differ and what explains it. Exit status 0 when every output is the same or differs only in those.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.tiny import TINY  # noqa: E402
 
-VERSION_KEYS = ("version", "versions", "sources", "source_versions", "verifier_version", "combiner")
+VERSION_KEYS = ("version", "versions", "feedback_sources", "source_versions", "verifier_version", "combiner")
+WALL_CLOCK_SUFFIXES = ("_per_s", "seconds", "_ms")
+WALL_CLOCK_FILES = ("metrics/timing/", "data/batch/sample_timings.jsonl")
+WALL_CLOCK_DIRS = ("docs",)  # GX's Data Docs: HTML pages named and stamped by the validation run's time
 
 
 def export(rev: str, dest: Path) -> Path:
@@ -66,7 +70,8 @@ def outputs(workspace: Path) -> dict[str, str]:
 def without_versions(value):
     if isinstance(value, dict):
         return {key: without_versions(item) for key, item in value.items()
-                if key not in VERSION_KEYS and not key.endswith("_version")}
+                if key not in VERSION_KEYS and not key.endswith("_version")
+                and not key.endswith(WALL_CLOCK_SUFFIXES)}
     if isinstance(value, list):
         return [without_versions(item) for item in value]
     return value
@@ -87,8 +92,9 @@ def same_but_versions(a: Path, b: Path) -> bool:
 
 def digest(path: Path) -> str:
     if path.is_dir():
-        return hashlib.sha256("".join(f"{p.relative_to(path)}:{digest(p)}" for p in sorted(path.rglob("*"))
-                                      if p.is_file()).encode()).hexdigest()
+        files = [p for p in sorted(path.rglob("*"))
+                 if p.is_file() and p.relative_to(path).parts[0] not in WALL_CLOCK_DIRS]
+        return hashlib.sha256("".join(f"{p.relative_to(path)}:{digest(p)}" for p in files).encode()).hexdigest()
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -106,15 +112,19 @@ def main() -> int:
     runs = {}
     for label, rev in (("before", args.before), ("after", args.after)):
         code = export(rev, scratch / label / "code")
-        seconds = run_loop(code, scratch / label / "ws", args.iterations)
-        runs[label] = scratch / label / "ws"
+        # Both run at one path, then move aside: records that name the workspace's path (the GX report's
+        # Data Docs index, MLflow's store) are then the same bytes.
+        seconds = run_loop(code, scratch / "ws", args.iterations)
+        runs[label] = (scratch / "ws").rename(scratch / label / "ws")
         print(f"{label}: {rev} ran a warm start and {args.iterations} iteration(s) in {seconds:.0f} s")
     before, after = outputs(runs["before"]), outputs(runs["after"])
-    identical, versions_only, different = [], [], []
+    identical, clock_only, versions_only, different = [], [], [], []
     for path in sorted(set(before) | set(after)):
         a, b = runs["before"] / path, runs["after"] / path
-        if before.get(path) == after.get(path) or (a.exists() and b.exists() and digest(a) == digest(b)):
+        if before.get(path) == after.get(path):
             identical.append(path)
+        elif path.startswith(WALL_CLOCK_FILES) or (a.is_dir() and b.is_dir() and digest(a) == digest(b)):
+            clock_only.append(path)
         elif a.is_file() and b.is_file() and same_but_versions(a, b):
             versions_only.append(path)
         else:
@@ -122,10 +132,13 @@ def main() -> int:
     numbers_before, numbers_after = metrics(runs["before"]), metrics(runs["after"])
     metric_diffs = [name for name in sorted(set(numbers_before) | set(numbers_after))
                     if numbers_before.get(name) != numbers_after.get(name)]
-    print(f"outputs: {len(identical)} byte-identical, {len(versions_only)} equal but for the feedback "
-          f"sources' versions, {len(different)} different (of {len(set(before) | set(after))})")
+    print(f"outputs: {len(identical)} byte-identical, {len(clock_only)} wall-clock figures alone, "
+          f"{len(versions_only)} equal but for the feedback sources' versions and wall-clock figures, "
+          f"{len(different)} different (of {len(set(before) | set(after))})")
+    for path in clock_only:
+        print(f"  wall-clock only: {path}")
     for path in versions_only:
-        print(f"  versions only: {path}")
+        print(f"  versions / wall-clock only: {path}")
     for path in different:
         print(f"  DIFFERENT: {path}")
     print(f"metrics files: {len(numbers_before) - len(metric_diffs)} of {len(numbers_before)} equal"
