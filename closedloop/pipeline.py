@@ -156,11 +156,13 @@ class FlowStep:
     name: str
     before: str
     wanted: Callable[[Any], bool]  # Params -> bool
+    when: str  # the same condition in params.yaml's words, for people (the deployment's description)
 
 
 FLOW_STEPS: tuple[FlowStep, ...] = (
     # People review this batch's review sample; their answers are the gate's input (review.json).
-    FlowStep("review", before="gate", wanted=lambda params: params.review.mode == "before_promotion"),
+    FlowStep("review", before="gate", wanted=lambda params: params.review.mode == "before_promotion",
+             when="review.mode: before_promotion"),
 )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import serve as prefect_serve
 
 from closedloop.config import load_params
-from closedloop.pipeline import ITERATION_STAGES
+from closedloop.pipeline import FLOW_STEPS, ITERATION_STAGES
 from flows.iteration import iteration_flow
 from flows.loop import closed_loop, warm_start_flow
 from flows.review import review_flow
@@ -38,7 +38,9 @@ def deployments(workspace: str) -> list:
         closed_loop.to_deployment(name="closed-loop", parameters={**common, "iterations": 1}, **one_at_a_time,
                                   description="Warm start if needed, then N closed-loop iterations."),
         iteration_flow.to_deployment(name="iteration", parameters=common, **one_at_a_time,
-                                     description="One iteration: " + " → ".join((*ITERATION_STAGES, "version")) + "."),
+                                     description="One iteration: " + " → ".join((*ITERATION_STAGES, "version")) + "."
+                                     + "".join(f" {step.name.capitalize()} before {step.before} when {step.when}."
+                                               for step in FLOW_STEPS)),
         warm_start_flow.to_deployment(name="warm-start", parameters=common, **one_at_a_time,
                                       description="Iteration 0: benchmark set and the SFT'd base policy."),
         # No lock and no queue: a review only reads the review sample and appends to the inbox, so
