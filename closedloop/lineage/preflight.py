@@ -24,9 +24,9 @@ import uuid
 from pathlib import Path
 
 from closedloop.io import write_json
-from closedloop.lineage import tracking
 from closedloop.lineage.dvc import DvcWorkspace, object_digest
 from closedloop.lineage.gitstate import DvcError
+from closedloop.lineage.mlflow_layout import tracking_uri
 from closedloop.workspace import BENCHMARK_TASKS, CHAMPION, TRAIN_SET
 
 HASH_MEMO = ".dvc/tmp/closedloop-hashes.json"
@@ -79,7 +79,7 @@ def _check_tracking(root: Path, params, problems: list[str]) -> None:
     else:
         source = "the default (tracking.uri unset: a SQLite store in the workspace)"
     try:
-        tracking.check_store(root, params.tracking.uri)
+        check_store(root, params.tracking.uri)
     except ConnectionError as error:
         problems.append(f"{error} [the URI is {source}; set tracking.uri or MLFLOW_TRACKING_URI to a reachable store]")
 
@@ -304,3 +304,57 @@ def _replace(source: Path, target: Path, *, link: bool, mode: int | None) -> Non
     finally:
         if staging.exists():
             staging.unlink()
+
+
+def check_store(workspace: Path, uri: str | None, timeout_s: float = 10.0) -> str:
+    """Fail fast, before any work, when the tracking store that ``tracking_uri`` resolves to cannot be
+    reached; return the resolved URI. ConnectionError naming the URI (its password masked) and why.
+
+    sqlite: the database's directory exists and is writable (the database itself is not created);
+    http(s): ``GET <uri>/health`` (an MLflow server answers "OK") within ``timeout_s``; file: URIs and
+    plain paths: the directory is writable, or can be made in a writable parent. Other schemes
+    (postgresql://, databricks, ...) are not checked here."""
+    from urllib.parse import unquote, urlsplit
+
+    resolved = tracking_uri(workspace, uri)
+    parts = urlsplit(resolved)
+    shown = resolved.replace(f":{parts.password}@", ":***@") if parts.password else resolved
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        import httpx
+
+        health = resolved.rstrip("/") + "/health"
+        try:
+            response = httpx.get(health, timeout=timeout_s, follow_redirects=True)
+        except httpx.HTTPError as error:
+            raise ConnectionError(f"MLflow tracking store {shown} cannot be reached: GET /health failed "
+                                  f"({type(error).__name__}: {error}; timeout {timeout_s:g} s)") from None
+        if response.status_code != 200:
+            raise ConnectionError(f"MLflow tracking store {shown} answered GET /health with HTTP "
+                                  f"{response.status_code}: is it an MLflow server?")
+        return resolved
+    if scheme == "sqlite":
+        path = resolved.split("://", 1)[1].lstrip("/").split("?", 1)[0]
+        if not path or path == ":memory:":
+            return resolved  # in memory: nothing to reach
+        # sqlite:////abs/db (an absolute path) or sqlite:///rel/db (relative to the cwd), as SQLAlchemy reads it
+        database = Path("/" + path) if resolved.split("://", 1)[1].startswith("//") else Path(path)
+        directory = database.parent
+        if not directory.is_dir():
+            raise ConnectionError(f"MLflow tracking store {shown}: the directory {directory} does not exist")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ConnectionError(f"MLflow tracking store {shown}: the directory {directory} is not writable")
+        if database.exists() and not (database.is_file() and os.access(database, os.R_OK | os.W_OK)):
+            raise ConnectionError(f"MLflow tracking store {shown}: {database} is not a readable, writable file")
+        return resolved
+    if scheme in ("file", ""):
+        directory = Path(unquote(parts.path)) if scheme == "file" else Path(resolved)
+        existing = directory
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            what = "is not a writable directory" if existing == directory else \
+                f"does not exist and cannot be made ({existing} is not a writable directory)"
+            raise ConnectionError(f"MLflow tracking store {shown}: {directory} {what}")
+        return resolved
+    return resolved

@@ -26,6 +26,8 @@ from closedloop import workspace as paths
 from closedloop.lineage import tracking
 from closedloop.lineage.dvc import DvcWorkspace
 from closedloop.lineage.gitstate import git_try
+from closedloop.lineage.mlflow_layout import run_key
+from closedloop.lineage.preflight import check_store
 from closedloop.reports.html import LINEAGE_FIRST, render
 from closedloop.workspace import Workspace
 
@@ -222,9 +224,9 @@ def mlflow_lineage(ws: Workspace, params, iteration: int) -> dict[str, Any]:
     unreachable store is said in ``error``."""
 
     try:
-        tracking.check_store(ws.root, params.tracking.uri, timeout_s=5.0)
+        check_store(ws.root, params.tracking.uri, timeout_s=5.0)
         tracking.configure(ws.root, params.tracking.uri, params.tracking.experiment)
-        runs = tracking.find_runs(params.tracking.experiment, tracking.run_key(ws.root, iteration, "iteration"), status="FINISHED")
+        runs = tracking.find_runs(params.tracking.experiment, run_key(ws.root, iteration, "iteration"), status="FINISHED")
         if not runs:
             return {}
         found = tracking.run_location(runs[0])

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from closedloop.config import Params
 from closedloop.io import say
-from closedloop.lineage import tracking as store
+from closedloop.lineage.mlflow_layout import run_key
+from closedloop.lineage.preflight import check_store
 from closedloop.progress import update_progress
 from closedloop.versioning.store import open_store
 from closedloop.workspace import Workspace
@@ -24,13 +25,13 @@ def record_failure(ws: Workspace, params: Params, stage: str, error: BaseExcepti
     iteration = params.loop.iteration if iteration is None else iteration
     try:
         # an unreachable server would cost MLflow's retries (minutes) before this fails anyway
-        store.check_store(ws.root, params.tracking.uri, timeout_s=5.0)
+        check_store(ws.root, params.tracking.uri, timeout_s=5.0)
         tracking = open_store(ws, params)
         artifacts = [p for p in (ws.validation_report, ws.validation_dir / "docs") if stage == "validate" and p.exists()]
         return tracking.log_iteration(
             iteration=iteration, run_name=f"iteration-{iteration:03d}-{state}",
             params=params.model_dump(mode="json"), metrics={},
-            tags={**tracking.run_key(ws.root, iteration, "iteration"), "closedloop.state": state,
+            tags={**run_key(ws.root, iteration, "iteration"), "closedloop.state": state,
                   "closedloop.failed_stage": stage, "closedloop.error": str(error)[:4000]},
             rewards=[], datasets=[], artifacts=artifacts, stage_seconds={},
             status="FAILED" if state == "failed" else "KILLED",

@@ -13,8 +13,8 @@ from closedloop.faults import armed, fault_point, kill_now
 from closedloop.faults import delay_s as fault_delay_s
 from closedloop.io import read_json, read_jsonl, say
 from closedloop.lineage.dvc import DvcWorkspace
+from closedloop.lineage.mlflow_layout import DatasetInput, run_key
 from closedloop.lineage.run_metrics import headline, run_figures
-from closedloop.lineage.tracking import DatasetInput
 from closedloop.pipeline import ITERATION_STAGES
 from closedloop.progress import read_progress, started_ms
 from closedloop.reports.gate_report import decision_sentence, warm_start_sentence
@@ -82,7 +82,7 @@ def register_warm_start(ws: Workspace, params: Params) -> str:
     # The warm start becomes the champion without a gate: "promoted" to it, compared with nothing.
     metrics = stage_metrics(ws, ("benchmark", "warmstart"),
                             headline(evaluation["summary"], None, promoted=True, reward_mean=None))
-    key = {**tracking.run_key(ws.root, 0, "warmstart"), "closedloop.candidate": evaluation["model_version"]}
+    key = {**run_key(ws.root, 0, "warmstart"), "closedloop.candidate": evaluation["model_version"]}
     logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
     run_id = logged[0] if logged else tracking.log_iteration(
         iteration=0, run_name="iteration-000-warmstart", params=params.model_dump(mode="json"),
@@ -160,7 +160,7 @@ def record_iteration(ws: Workspace, params: Params, stage_seconds: dict[str, flo
     # run, their 4 MB of identical static files were most of the MLflow store's growth (benchmarks/
     # soak.py). A failed validation logs them (record_failure), where a person will open them.
     artifacts = [ws.gate, ws.evaluation, ws.validation_report]
-    key = {**tracking.run_key(ws.root, iteration, "iteration"), "closedloop.candidate": candidate}
+    key = {**run_key(ws.root, iteration, "iteration"), "closedloop.candidate": candidate}
     logged = tracking.find_runs(params.tracking.experiment, key, status="FINISHED")
     figures = headline(gate["candidate"], gate["champion"], promoted=promoted,
                        reward_mean=statistics.fmean(rewards) if rewards else None)

@@ -146,7 +146,7 @@ def _experiment(root: Path, iteration: int) -> str:
 def _run_of(root: Path, iteration: int) -> str:
     from closedloop.config import load_params
     from closedloop.lineage import tracking
-    from closedloop.lineage.tracking import run_key
+    from closedloop.lineage.mlflow_layout import run_key
     from closedloop.workspace import Workspace
 
     params = load_params(root)

@@ -151,7 +151,7 @@ class TestTrackingStore:
         started = time.perf_counter()
         with pytest.raises(PreflightError) as error:
             preflight(ws, tiny_params())
-        assert time.perf_counter() - started < 10.0  # tracking.check_store's timeout
+        assert time.perf_counter() - started < 10.0  # preflight.check_store's timeout
         assert f"MLflow tracking store {uri} cannot be reached" in str(error.value)
         assert "the URI is MLFLOW_TRACKING_URI" in str(error.value)
 
@@ -171,7 +171,7 @@ class TestTrackingStore:
         ("postgresql://nobody@127.0.0.1/x", None),  # other schemes are not checked here
     ])
     def test_check_store(self, ws, uri, fails) -> None:
-        from closedloop.lineage.tracking import check_store
+        from closedloop.lineage.preflight import check_store
 
         uri = uri.format(ws=ws)
         if fails is None:

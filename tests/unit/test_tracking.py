@@ -11,6 +11,7 @@ import pytest
 pd = pytest.importorskip("pandas")
 mlflow = pytest.importorskip("mlflow")
 
+from closedloop.lineage import mlflow_layout as layout  # noqa: E402
 from closedloop.lineage import tracking  # noqa: E402
 from closedloop.lineage.run_metrics import PASS_AT_1  # noqa: E402
 
@@ -46,7 +47,7 @@ def iteration_run(workspace, tmp_path_factory: pytest.TempPathFactory) -> dict:
         metrics={"pass_at_1": 0.25},
         tags={"closedloop.batch": "b0003"},
         rewards=[0.0, 0.5, 1.0, 1.0],
-        datasets=[tracking.DatasetInput("graded", "data/batches/b0003/graded.parquet", "0123abcd", "training", frame)],
+        datasets=[layout.DatasetInput("graded", "data/batches/b0003/graded.parquet", "0123abcd", "training", frame)],
         artifacts=[reports / "gate.json", docs],
         stage_seconds={"sample": 1.5, "grade": 0.25},
     )
@@ -92,12 +93,12 @@ class TestTrackingUri:
             monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
         else:
             monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
-        assert tracking.tracking_uri(tmp_path, uri) == expected.format(ws=tmp_path.resolve())
+        assert layout.tracking_uri(tmp_path, uri) == expected.format(ws=tmp_path.resolve())
 
 
 class TestFlattenParams:
     def test_nested_lists_and_long_values(self) -> None:
-        flat = tracking.flatten_params({"a": {"b": 1, "c": {"d": True}}, "l": [1, 2], "s": "y" * 7000})
+        flat = layout.flatten_params({"a": {"b": 1, "c": {"d": True}}, "l": [1, 2], "s": "y" * 7000})
         assert flat["a.b"] == "1" and flat["a.c.d"] == "True" and flat["l"] == "[1, 2]"
         assert len(flat["s"]) == 6000 and flat["s"].endswith("[truncated]")
 
@@ -129,7 +130,7 @@ class TestLogIteration:
         assert run.data.params["long"].endswith("[truncated]")
         m = run.data.metrics
         assert m == {"pass_at_1": 0.25, "timing/sample": 1.5, "timing/grade": 0.25}  # the rewards are the histogram's
-        assert run.data.tags["closedloop.batch"] == "b0003" and run.data.tags[tracking.ITERATION_TAG] == "3"
+        assert run.data.tags["closedloop.batch"] == "b0003" and run.data.tags[layout.ITERATION_TAG] == "3"
         steps = {key: [h.step for h in mlflow.MlflowClient().get_metric_history(run.info.run_id, key)] for key in m}
         assert steps == {key: [3] for key in m}  # every metric at step = iteration
 
@@ -142,7 +143,7 @@ class TestLogIteration:
     def test_artifacts_histogram_and_reports(self, workspace, iteration_run) -> None:
         client = mlflow.MlflowClient()
         run_id = iteration_run["run_id"]
-        assert {a.path for a in client.list_artifacts(run_id, "plots")} == {tracking.HIST_ARTIFACT}
+        assert {a.path for a in client.list_artifacts(run_id, "plots")} == {layout.HIST_ARTIFACT}
         reports = {a.path for a in client.list_artifacts(run_id, "reports")}
         assert reports == {"reports/gate.json", "reports/data_docs"}
         run = client.get_run(run_id)
@@ -196,7 +197,7 @@ class TestRegistry:
         )
         files = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}/{version}", dst_path=str(tmp_path)))
         names = {p.name for p in files.rglob("*") if p.is_file()}
-        assert {tracking.REFERENCE_ARTIFACT, tracking.POINTER_ARTIFACT} <= names
+        assert {layout.REFERENCE_ARTIFACT, layout.POINTER_ARTIFACT} <= names
         assert not names & {p.name for p in tiny_model_dir.iterdir()}  # no config, weights or tokenizer
         assert sum(p.stat().st_size for p in files.rglob("*") if p.is_file()) < 10_000
         ref = tracking.model_reference(MODEL, version)
@@ -207,7 +208,7 @@ class TestRegistry:
         mv = mlflow.MlflowClient().get_model_version(MODEL, version)
         assert mv.source.startswith("models:/m-")  # the version's source is the LoggedModel
         logged = mlflow.MlflowClient().get_logged_model(mv.source.removeprefix("models:/"))
-        assert logged.tags[tracking.WEIGHTS_TAG] == "dvc" and logged.tags["dvc.md5"] == self.REFERENCE["md5"]
+        assert logged.tags[layout.WEIGHTS_TAG] == "dvc" and logged.tags["dvc.md5"] == self.REFERENCE["md5"]
         assert logged.source_run_id == iteration_run["run_id"]
 
     def test_a_version_needs_a_reference_unless_it_logs_the_weights(self, workspace, iteration_run,
