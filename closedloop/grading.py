@@ -6,6 +6,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from closedloop.models.prompts import episode_prompt
+
 POSITIVE, PARTIAL, ERROR = "positive", "partial", "error"
 BUCKETS = (POSITIVE, PARTIAL, ERROR)
 
@@ -24,9 +26,7 @@ def fix_prompt(task_prompt: str, failed_completion: str, feedback: str) -> str:
 
     The target is a passing completion of the same task, so the model learns to answer feedback.
     """
-    attempt = failed_completion if failed_completion.endswith("\n") else failed_completion + "\n"
-    note = " ".join(feedback.split())[:200] or "the tests failed"
-    return f"{task_prompt}{attempt}# Error: {note}\n# Corrected:\n{task_prompt}"
+    return episode_prompt(task_prompt, [(failed_completion, feedback)])
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,7 @@ def training_records(
     max_fix_fraction: float,
     max_task_pass_rate: float = 1.0,
     references: dict[str, str] | None = None,
+    episode_prompts: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Positives (one per distinct completion of a task), the references of unsolved tasks, and,
     optionally, capped fix pairs.
@@ -97,6 +98,9 @@ def training_records(
     a task the policy already solves every time teaches it nothing new. ``references`` ({task id:
     reference}) are used only for tasks no sample solved: there rejection sampling has nothing to
     keep, and the task's known-good answer is the one signal the batch holds (STaR's fallback).
+    ``episode_prompts`` ({sample id: transcript}): a positive that ended a multi-round episode is
+    learnt conditioned on the transcript its final attempt was sampled on, so the policy learns to
+    correct itself from the feedback it was shown.
     """
     samples: dict[str, int] = defaultdict(int)
     passes: dict[str, int] = defaultdict(int)
@@ -104,16 +108,17 @@ def training_records(
         samples[row["task_id"]] += 1
         passes[row["task_id"]] += row["bucket"] == POSITIVE
     records = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, str]] = set()
     for row in sorted(graded, key=lambda r: r["sample_id"]):
-        key = (row["task_id"], row["completion"])
+        prompt = (episode_prompts or {}).get(row["sample_id"], prompts[row["task_id"]])
+        key = (row["task_id"], prompt, row["completion"])
         frontier = passes[row["task_id"]] <= max_task_pass_rate * samples[row["task_id"]] + 1e-9
         vetoed = row.get("human_veto", False)  # a pass people rejected (stages/grade.py) is not learnt
         if row["bucket"] == POSITIVE and frontier and key not in seen and not vetoed:
             seen.add(key)
             records.append(
                 {"source": "positive", "task_id": row["task_id"], "origin": row["sample_id"],
-                 "prompt": prompts[row["task_id"]], "completion": row["completion"]}
+                 "prompt": prompt, "completion": row["completion"]}
             )
     positives = len(records)
     for task_id in sorted(samples):

@@ -131,6 +131,11 @@ class SampleParams(SamplingSettings):
     )
     k: int = Field(8, gt=0, description="Samples per task.")
     batch_size: int = Field(256, gt=0, description="Sequences generated together.")
+    rounds: int = Field(
+        1, ge=1, le=16,
+        description="Rounds of an episode: 1 samples one attempt per sample; R > 1 shows each failed attempt's "
+                    "visible-check feedback and samples again, up to R attempts (docs/episodes.md).",
+    )
 
     @field_validator("backend", mode="before")
     @classmethod

@@ -54,6 +54,10 @@ class Params(Section):
         if self.sample.backend.name == "vllm" and self.model.device == "cpu":
             raise ValueError("sample.backend is vllm but model.device is cpu: vLLM samples on GPUs; "
                              "use the hf backend on CPU, or model.device auto | cuda")
+        if self.sample.rounds > 1 and self.train.mode == "grpo" and self.train.grpo.rounds > 1:
+            raise ValueError(f"sample.rounds is {self.sample.rounds} and train.grpo.rounds is {self.train.grpo.rounds}: "
+                             "the train stage's on-policy rounds sample single attempts, not episodes; "
+                             "set one of them to 1")
         unknown = sorted(set(self.generate.envs) - set(self.envs.active()))
         if unknown:
             raise ValueError(f"generate.envs: {unknown} are not active environments; expected names from "

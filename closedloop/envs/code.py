@@ -5,6 +5,12 @@ process. Model completions only ever run in the sandbox, and their outputs are c
 program a completion makes is prompt + completion; a chat reply's (a fenced block, a restated def) is
 read by envs/extraction.py first, and the verdict's steps then start with ``extract``.
 
+In an episode (envs/episodes.py) the first ``checks.visible`` calls are the visible checks (default:
+half the calls, at least one) and the rest hidden; a task of one call holds nothing back. The model
+may read a failing visible call with its returned and expected value, or the exception's last line.
+A HumanEval-format test program cannot be split: it is verified whole, and the model reads only the
+status and the exception's type, never the test's assertion text.
+
 Splits are disjoint by construction: a task belongs to the benchmark iff the hash of its *behaviour*
 (the reference's outputs on a fixed probe set) falls in a fixed bucket, so train can never emit a
 benchmark task, nor a differently worded task that computes the same function.
@@ -31,6 +37,7 @@ from closedloop.envs.base import (
     source_of,
 )
 from closedloop.envs.code_tasks import FAMILIES, edge_inputs, is_failure_mode, is_heldout, probe_inputs
+from closedloop.envs.episodes import between, error_line, exception_type, status_only
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.humaneval import program_job
 from closedloop.envs.taskfile import shape_problems
@@ -46,11 +53,17 @@ ENTRY_POINT = "f"
 _REPR_CHARS = 120
 
 
-class CallsChecks(TypedDict):
-    """A generated task's checks (what _job reads): the sandbox calls the function, the trusted side compares."""
-
+class _Calls(TypedDict):
     calls: list[list[Any]]  # positional arguments, one list per call
     expected: list[Any]  # the reference's return value per call
+
+
+# The optional field by inheritance, not NotRequired: under `from __future__ import annotations`
+# a TypedDict takes a NotRequired field for a required one (its annotation is a string).
+class CallsChecks(_Calls, total=False):
+    """A generated task's checks (what _job reads): the sandbox calls the function, the trusted side compares."""
+
+    visible: int  # episodes: how many leading calls the model is shown; the rest are hidden (default: half, at least 1)
 
 
 class HumanEvalChecks(TypedDict):
@@ -170,13 +183,16 @@ class CodeEnv(BaseEnvironment):
 
     @staticmethod
     def check_task(task: Task) -> list[str]:
-        """What is wrong with a task from a file: its entry point, and calls with expected values or a test."""
+        """What is wrong with a task from a file: its entry point, and calls with expected values (and
+        ``visible``, from 1 to their number) or a test."""
         problems = [] if task.entry_point.isidentifier() else [
             f"field 'entry_point' must name the function to call, got {task.entry_point!r}"]
         if "test" in task.checks:
             found = shape_problems(task.checks, HumanEvalChecks, "checks")
             if not found and "def check(" not in task.checks["test"]:
                 found = ["checks.test must define check(candidate)"]
+            if not found and "visible" in task.checks:
+                found = ["checks.visible splits calls; a test program (checks.test) is verified whole"]
             return problems + found
         found = shape_problems(task.checks, CallsChecks, "checks")
         found = [p + " (or give 'test', a check(candidate) program)" if p == "checks is missing 'calls'" else p
@@ -186,7 +202,53 @@ class CodeEnv(BaseEnvironment):
         elif not found and len(task.checks["expected"]) != len(task.checks["calls"]):
             found = [f"checks.expected must hold one value per call ({len(task.checks['calls'])}), "
                      f"got {len(task.checks['expected'])}"]
+        elif not found and "visible" in task.checks:
+            found = visible_problems(task.checks)
         return problems + found
+
+    # -- episodes (envs/episodes.py) -------------------------------------------------------------
+
+    def split_checks(self, task: Task) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(visible, hidden): the first ``checks.visible`` calls and the rest; None when no call is left
+        hidden. A test program cannot be split: the same checks both ways, its assertions never shown.
+        The visible part says all its calls are visible, so splitting it again gives it back whole."""
+        checks = task.checks
+        if "test" in checks:
+            return checks, checks
+        count = visible_calls(checks)
+        if count >= len(checks["calls"]):
+            return None
+        calls, expected = checks["calls"], checks["expected"]
+        hidden = {key: value for key, value in checks.items() if key != "visible"}
+        return ({**checks, "calls": calls[:count], "expected": expected[:count], "visible": count},
+                {**hidden, "calls": calls[count:], "expected": expected[count:]})
+
+    def shown_feedback(self, task: Task, verdict: Verdict) -> str:
+        """A failing visible call with its returned and expected value, or what it raised; a program
+        that did not load or hit a limit, the error's last line. A test program's status and exception
+        type only. Anything else: the status and failed step."""
+        if verdict.passed:
+            return f"passed the visible checks: all {verdict.steps.get('tests_total')} tests"
+        if verdict.failed_step == "extract":
+            return verdict.feedback  # says how the reply was read: nothing of the checks
+        if "test" in task.checks:
+            if verdict.status in ("failed", "runtime_error"):  # the test's words may quote what it expects
+                kind = exception_type(verdict.feedback.replace("CandidateError: ", "", 1))  # the candidate's own
+                return f"{status_only(verdict)}: {kind}" if kind else status_only(verdict)
+            return f"{status_only(verdict)}: {error_line(verdict.feedback)}"  # a syntax error, a limit
+        if not verdict.feedback.startswith(f"{task.entry_point}("):
+            # Not a call's failure: the program did not parse or load, or hit a limit (no check is in its text).
+            return f"{status_only(verdict)}: {error_line(verdict.feedback)}"
+        parts = self.split_checks(task)
+        visible = task.checks if parts is None else parts[0]
+        for args, want in zip(visible["calls"], visible["expected"]):
+            call = _call_text(task, args)
+            if between(verdict.feedback, f"{call} returned ", f", expected {_short(want)}") is not None:
+                return verdict.feedback
+            raised = between(verdict.feedback, f"{call} raised ", "")
+            if raised is not None:
+                return f"{call} raised {error_line(raised)}"
+        return status_only(verdict)
 
     # -- verification ----------------------------------------------------------------------------
 
@@ -201,6 +263,21 @@ class CodeEnv(BaseEnvironment):
         for i, result in zip(todo, results):
             verdicts[i] = _with_extraction(_judge(tasks[i], result, pool), read[i])
         return verdicts
+
+
+def visible_calls(checks: dict[str, Any]) -> int:
+    """How many leading calls an episode shows: ``checks.visible``, else half the calls (at least one)."""
+    problems = visible_problems(checks)
+    if problems:
+        raise ValueError(f"code env: {problems[0]}")
+    return checks.get("visible", max(1, len(checks["calls"]) // 2))
+
+
+def visible_problems(checks: dict[str, Any]) -> list[str]:
+    count, total = checks.get("visible", 1), len(checks["calls"])
+    if type(count) is not int or not 0 < count <= total:
+        return [f"checks.visible must be an integer from 1 to the number of calls ({total}), got {count!r:.40}"]
+    return []
 
 
 def _tests_total(task: Task) -> int | None:

@@ -10,6 +10,11 @@ read back through the same conversion. The verifier compares schema (column name
 kinds), then cells (row-aligned by the task's order rule, floats within a tolerance); partial credit
 is the fraction of expected cells matched, with extra and missing rows counted against it.
 
+In an episode (envs/episodes.py) a task's one input cannot be partitioned: its checks are verified
+whole, and the model reads the error's last line, what its table has and where it is wrong (the
+position and value got of the first differing cell), never an expected cell, dtype or row count
+(tables.py); the expected columns only when the prompt names them all.
+
 Splits are disjoint by operation: a task's key is the hash of its schema and reference code (not of
 its data or wording), so the benchmark holds operations that training never shows.
 """
@@ -18,10 +23,8 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import random
 from dataclasses import replace
-from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any, Callable, Literal, TypedDict, Union
 
 from closedloop.envs import extraction
@@ -37,7 +40,9 @@ from closedloop.envs.base import (
     stable_hash,
 )
 from closedloop.envs.data_tasks import FAMILIES, SCHEMAS, Family, Tables, make_tables, render, to_csv
+from closedloop.envs.episodes import error_line, status_only
 from closedloop.envs.extraction import Extraction, extract_program
+from closedloop.envs.tables import compare_tables, shown_difference
 from closedloop.envs.taskfile import file_tree_problems
 from closedloop.sandbox.records import ExecResult, Job
 
@@ -49,7 +54,6 @@ ENTRY_POINT = "solve"
 FLOAT_TOL = 1e-6  # relative and absolute: pandas may sum in another order than the model's code
 _DRAWS_PER_TASK = 30  # tables drawn for one spec before the spec is skipped (a family's accept rejects them)
 STEPS = ("parses", "runs", "schema_matches", "values_match")
-_SHOWN = 60  # characters of a cell or column list a feedback message quotes
 
 # Appended after the completion. Names start with _closedloop_ so a model's code will not collide with
 # them, and come last so the model cannot redefine them. _closedloop_table also runs in this process
@@ -158,6 +162,25 @@ class DataEnv(BaseEnvironment):
         problems += [f"checks.expected.rows[{i}] must hold one cell per column ({width}), got {len(row)}"
                      for i, row in enumerate(table["rows"]) if len(row) != width]
         return problems
+
+    # -- episodes (envs/episodes.py) -------------------------------------------------------------
+
+    def split_checks(self, task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One input, so no partition: the same checks both ways, whose expected table no feedback shows."""
+        return task.checks, task.checks
+
+    def shown_feedback(self, task: Task, verdict: Verdict) -> str:
+        """The error's last line for a program that did not parse or run; for a wrong table, what it
+        has and where it is wrong (tables.shown_difference), never an expected cell, dtype or row count."""
+        if verdict.passed:
+            return f"passed the visible checks: all {len(task.checks['expected']['rows'])} rows match"
+        step, _, detail = verdict.feedback.partition(": ")
+        if step == "extract":
+            return verdict.feedback  # says how the reply was read: nothing of the checks
+        if step in ("step parses", "step runs"):
+            return f"{step}: {error_line(detail)}"
+        shown = shown_difference(detail, task.checks, task.prompt) if step in ("step schema", "step values") else None
+        return f"{step}: {shown}" if shown is not None else status_only(verdict)
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -398,7 +421,6 @@ def _failure(result: ExecResult, limits: Any) -> tuple[str, str]:
 
 
 _CELL_TYPES = (type(None), bool, int, float, str)
-_MISSING = object()  # a cell of an expected column the result lacks
 
 
 def _as_table(value: Any) -> dict[str, Any] | str:
@@ -413,80 +435,3 @@ def _as_table(value: Any) -> dict[str, Any] | str:
     well_formed = all(type(c) is str for c in columns + dtypes) and all(
         type(r) is list and len(r) == len(columns) and all(type(v) in _CELL_TYPES for v in r) for r in rows)
     return value if well_formed else "solve's result could not be read as a table"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
-
-
-def _same_cell(want: Any, got: Any, tol: float) -> bool:
-    if type(want) is bool or type(got) is bool or want is None or got is None:
-        return type(want) is type(got) and want == got
-    if type(want) in (int, float) and type(got) in (int, float):  # int vs float is the schema's business
-        return math.isclose(want, got, rel_tol=tol, abs_tol=tol)
-    return type(want) is type(got) and want == got
-
-
-_RANK = {type(None): 0, bool: 1, int: 2, float: 2, str: 3}
-
-
-def _row_key(row: list) -> tuple:
-    """A hashable, totally ordered key of a row; floats rounded so near-equal values sort and match together."""
-    return tuple((-1, 0) if v is _MISSING else (_RANK[type(v)], round(v, 6) if type(v) in (int, float) else v)
-                 for v in row)
-
-
-def compare_tables(expected: dict[str, Any], got: dict[str, Any] | str, order: str,
-                   tol: float) -> tuple[str, float, str]:
-    """(schema error or "", fraction of expected cells matched, first value error or "").
-
-    Cells are compared on the expected columns (found by name in ``got``), on rows aligned in the
-    order given (order "exact") or after sorting both sides (order "any"); the denominator is the
-    larger row count times the expected column count, so missing and extra rows both cost.
-    """
-    if isinstance(got, str):
-        return got, 0.0, got
-    columns = expected["columns"]
-    schema_error = ""
-    if got["columns"] != columns:
-        schema_error = f"columns {_short(got['columns'])} expected {_short(columns)}"
-    else:
-        for name, want, have in zip(columns, expected["dtypes"], got["dtypes"]):
-            if want != have:
-                schema_error = f"column {name!r} has dtype {have}, expected {want}"
-                break
-    where = [got["columns"].index(c) if c in got["columns"] else None for c in columns]
-    want_rows = expected["rows"]
-    have_rows = [[row[i] if i is not None else _MISSING for i in where] for row in got["rows"]]
-    if order == "any":
-        want_rows, have_rows = sorted(want_rows, key=_row_key), sorted(have_rows, key=_row_key)
-    matched, first = 0, ""
-    pairs = _aligned(want_rows, have_rows)
-    for i, j in pairs:
-        for name, want, have in zip(columns, want_rows[i], have_rows[j]):
-            if have is not _MISSING and _same_cell(want, have, tol):
-                matched += 1
-            elif not first and have is not _MISSING:
-                first = f"cell ({i}, {name!r}) is {_short(have)}, expected {_short(want)}"
-    if len(want_rows) != len(have_rows):
-        first = f"{len(have_rows)} rows, expected {len(want_rows)}"
-    elif not first and len(pairs) < len(want_rows):  # the same rows, in another order
-        i = min(set(range(len(want_rows))) - {i for i, _ in pairs})
-        first = f"row {i} {_short(want_rows[i])} is out of place"
-    total = max(len(want_rows), len(have_rows)) * len(columns)
-    fraction = matched / total if total else 1.0  # total 0: both sides have no rows
-    return schema_error, fraction, first or schema_error
-
-
-def _aligned(want_rows: list[list], have_rows: list[list]) -> list[tuple[int, int]]:
-    """(expected row, result row) pairs to compare: rows that match in sequence, and the rows between
-    them side by side, so one extra or missing row costs that row rather than every row after it."""
-    matcher = SequenceMatcher(None, [_row_key(r) for r in want_rows], [_row_key(r) for r in have_rows],
-                              autojunk=False)
-    pairs: list[tuple[int, int]] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag in ("equal", "replace"):
-            pairs += zip(range(i1, i2), range(j1, j2))
-    return pairs
-

@@ -11,6 +11,11 @@ A field the document does not give is typed "... or null" in the prompt and must
 listed field is required, so omitting it breaks the schema, while null and absent count the same
 for field precision / recall.
 
+In an episode (envs/episodes.py) the checks are verified whole: a truth restricted to some fields
+would count the others as wrong (field precision is over every field the answer gives). The model
+reads a JSON or schema error (the schema is the prompt's field list) and which field is wrong, with
+the value the answer gave, never the document's value.
+
 Splits are disjoint by construction: a task belongs to the benchmark iff the hash of its family and
 facts (not its wording) falls in the benchmark bucket of base.in_benchmark.
 """
@@ -34,9 +39,11 @@ from closedloop.envs.base import (
     source_of,
     stable_hash,
 )
+from closedloop.envs.episodes import between, status_only
 from closedloop.envs.extract_tasks import FAMILIES, Field
 from closedloop.envs.extraction import extract_json
 from closedloop.envs.validators import CHECK_SCHEMA_HELPERS, check_schema, field_scores, parse_json
+from closedloop.envs.validators import _show as show_value
 
 if TYPE_CHECKING:
     from closedloop.config import ExtractEnvParams
@@ -117,6 +124,29 @@ class ExtractEnv(BaseEnvironment):
         schema_helpers = {"helpers": [source_of(helper) for helper in CHECK_SCHEMA_HELPERS]}
         return {"format": (parse_json, read), "schema": (check_schema, {**read, **schema_helpers}),
                 "fields": (field_scores, {"numeric_tolerance": NUMERIC_TOLERANCE, **read})}
+
+    # -- episodes (envs/episodes.py) -------------------------------------------------------------
+
+    def split_checks(self, task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
+        """No partition (see the module's docstring): the same checks both ways, whose truth no feedback shows."""
+        return task.checks, task.checks
+
+    def shown_feedback(self, task: Task, verdict: Verdict) -> str:
+        """A JSON or schema error as it is (the schema is the prompt's); for a wrong value, which field
+        and what the answer gave there, never the truth."""
+        if verdict.passed:
+            return f"passed the visible checks: all {len(task.checks['truth'])} fields right"
+        if verdict.failed_step in ("extract", "valid_json", "schema_valid"):
+            return verdict.feedback  # the reply and the schema's words: nothing of the truth
+        truth = task.checks["truth"]
+        for key in truth:
+            given = between(verdict.feedback, f"fields: field {key!r} is ", f", expected {show_value(truth[key])}")
+            if given is not None:
+                return f"fields: field {key!r} is {given}: not the document's value"
+        unexpected = between(verdict.feedback, "fields: unexpected field ", "")
+        if unexpected is not None and not any(unexpected.startswith(f"{key!r}: ") for key in truth):
+            return verdict.feedback  # a field the answer made up, with its own value
+        return status_only(verdict)
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -13,6 +13,10 @@ checks (rules_tasks describes it); it evaluates data and never evals text. Steps
 rule's conclusion → the decision; a chat reply's lines (in markdown bold, bullets, a table or a
 fence) are read first by envs/extraction.py, and its steps then start with ``extract``. Splits are disjoint by construction: a task belongs to the
 benchmark iff the hash of its family and spec falls in base.in_benchmark's bucket.
+
+In an episode (envs/episodes.py) the checks are verified whole and never reveal a right verdict: the
+model reads a format error (which line, in what form) or how many of the rule conclusions and the
+decision are wrong, never which ones, nor a right conclusion or decision.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from closedloop.envs.base import (
     source_of,
     stable_hash,
 )
+from closedloop.envs.episodes import status_only
 from closedloop.envs.extraction import extract_rule_lines
 from closedloop.envs.rules_tasks import FAMILIES, render_prompt
 from closedloop.envs.validators import match_format
@@ -194,6 +199,33 @@ class RulesEnv(BaseEnvironment):
         lines = {"rule_line": RULE_LINE, "decision_line": DECISION_LINE, "extraction": extraction.version(),
                  "judge": source_of(RulesEnv._judge)}
         return {"format": (match_format, lines), "steps": (RuleEngine, lines), "decision": (RuleEngine, lines)}
+
+    # -- episodes (envs/episodes.py) -------------------------------------------------------------
+
+    def split_checks(self, task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
+        """No partition: the same checks both ways, whose right verdicts no feedback shows."""
+        return task.checks, task.checks
+
+    def shown_feedback(self, task: Task, verdict: Verdict) -> str:
+        """A format error says which line and the form it must have (never quoting it); wrong answers
+        are only counted: never which rule, nor the right conclusion or decision."""
+        ids = [rule["id"] for rule in task.checks["spec"]["rules"]]
+        if verdict.passed:
+            return f"passed the visible checks: all {len(ids)} rule conclusions and the decision right"
+        if verdict.failed_step == "extract":
+            return verdict.feedback  # names the rule-line form, nothing of the verdicts
+        if verdict.failed_step == "format_ok":
+            found = re.match(r"format: (missing line|line|extra line) ([1-9]\d*)\b", verdict.feedback)
+            if not found:
+                return status_only(verdict)
+            what, number = found.group(1), int(found.group(2))
+            form = f"{ids[number - 1]}: yes|no" if number <= len(ids) else "decision: <outcome>"
+            if what == "extra line":
+                return f"format: extra line {number} after the decision line"
+            return f"format: line {number} {'is missing' if what == 'missing line' else 'is wrong'}; it must read '{form}'"
+        wrong = sum(verdict.steps.get(i) is False for i in ids) + (verdict.steps.get("decision") is False)
+        answers = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else ids[0]
+        return f"{wrong} of the {len(ids) + 1} answers ({answers} and the decision) {'is' if wrong == 1 else 'are'} wrong"
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -13,6 +13,11 @@ should not be there. A task passes when every path matches. A chat reply's scrip
 (envs/extraction.py: its first ```python block, run after the prompt), and its steps then start
 with ``extract``.
 
+In an episode (envs/episodes.py) a task's one starting tree cannot be partitioned: its checks are
+verified whole, and the model reads the error's last line, a missing path when the prompt or the
+starting tree names it, an unexpected path (the script made it), and a differing file's path with the
+content the script wrote, never the expected content.
+
 Splits are disjoint by construction: a task belongs to the benchmark iff the hash of what it asks
 falls in base's fixed bucket. What it asks is all the prompt says: the operation, its arguments and
 the starting file names. File contents are hidden test data (the same script must handle any), so two
@@ -40,6 +45,7 @@ from closedloop.envs.base import (
     source_of,
     stable_hash,
 )
+from closedloop.envs.episodes import between, error_line, is_named, status_only
 from closedloop.envs.extraction import Extraction, extract_program
 from closedloop.envs.script_tasks import FAMILIES, Family, expected_tree, prompt_of, reference_of
 from closedloop.envs.taskfile import file_tree_problems
@@ -138,6 +144,35 @@ class ScriptEnv(BaseEnvironment):
         config = {"sandbox": self.params.sandbox.model_dump(mode="json"), "extraction": extraction.version()}
         return {"syntax": (_judge, config), "runs": (_judge, config),
                 "files": (compare_trees, {**config, "credit": source_of(files_credit)})}
+
+    # -- episodes (envs/episodes.py) -------------------------------------------------------------
+
+    def split_checks(self, task: Task) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One starting tree, so no partition: the same checks both ways, whose expected contents no feedback shows."""
+        return task.checks, task.checks
+
+    def shown_feedback(self, task: Task, verdict: Verdict) -> str:
+        """The error's last line for a script that did not parse or exit cleanly; for a wrong tree, the
+        first differing path: its name when the task names it or the script made it, and the content the
+        script wrote, never the expected content."""
+        if verdict.passed:
+            return f"passed the visible checks: all {len(task.checks['expected'])} files match"
+        if verdict.status == "format_error":
+            return verdict.feedback  # how the reply was read, or that it was blank: nothing of the checks
+        if verdict.failed_step in ("parses", "exits_cleanly"):
+            return f"{status_only(verdict)}: {error_line(verdict.feedback)}"
+        expected, start = task.checks["expected"], task.checks["start"]
+        for path in expected:
+            if verdict.feedback == f"missing {path}":
+                named = path in start or all(is_named(part, task.prompt) for part in path.split("/"))
+                return verdict.feedback if named else "a file the task asks for is missing"
+            content = between(verdict.feedback, f"{path}: content ", f" expected {_short(expected[path])}")
+            if content is not None:
+                return f"{path}: content {content} is not what the task asks for"
+        unexpected = between(verdict.feedback, "unexpected file ", "")
+        if unexpected is not None and unexpected not in expected:
+            return verdict.feedback  # a path the script made: no expected value in it
+        return status_only(verdict)
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -252,17 +252,24 @@ def refusals(cls: type) -> list[str]:
 
 
 def field_comments(owner: type) -> dict[str, str]:
-    """{field: the trailing ``# comment`` on its line} of a class or a functional TypedDict."""
+    """{field: the trailing ``# comment`` on its line} of a class or a functional TypedDict; a class's
+    TypedDict bases (in its module) give theirs first (code.CallsChecks' optional field is its own)."""
     node, comments = _definition(owner)
     lines: dict[str, int] = {}
+    inherited: dict[str, str] = {}
     if isinstance(node, ast.ClassDef):
         lines = {stmt.target.id: stmt.end_lineno for stmt in node.body
                  if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)}
+        for base in node.bases:
+            found = vars(sys.modules[owner.__module__]).get(base.id) if isinstance(base, ast.Name) else None
+            if found is not None and typing.is_typeddict(found):
+                inherited.update(field_comments(found))
     elif isinstance(node.value, ast.Call) and len(node.value.args) > 1 and isinstance(node.value.args[1], ast.Dict):
         fields = node.value.args[1]
         lines = {key.value: value.end_lineno for key, value in zip(fields.keys, fields.values)
                  if isinstance(key, ast.Constant)}
-    return {field: comments[line][0] for field, line in lines.items() if line in comments and not comments[line][1]}
+    return {**inherited, **{field: comments[line][0] for field, line in lines.items()
+                            if line in comments and not comments[line][1]}}
 
 
 def _definition(owner: type) -> tuple[ast.ClassDef | ast.Assign, dict[int, tuple[str, bool]]]:

@@ -50,6 +50,18 @@ class PromptFormat:
                 "stop": list(self.stop)}
 
 
+def episode_prompt(task_prompt: str, attempts: list[tuple[str, str]]) -> str:
+    """The raw transcript a round after the first is sampled on: each earlier attempt with the feedback
+    on it, then the task again. One attempt gives a failure→fix pair's prompt, so a policy trained on
+    those pairs reads a transcript in a form it knows."""
+    transcript = task_prompt
+    for attempt, feedback in attempts:
+        attempt = attempt if attempt.endswith("\n") else attempt + "\n"
+        note = " ".join(feedback.split())[:200] or "the tests failed"
+        transcript += f"{attempt}# Error: {note}\n# Corrected:\n{task_prompt}"
+    return transcript
+
+
 def template_hash(tokenizer: Any) -> str | None:
     template = getattr(tokenizer, "chat_template", None)
     if not template:

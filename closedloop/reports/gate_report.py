@@ -228,6 +228,19 @@ def monitors_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rounds_table(rounds: Mapping[str, Any], champion: str, candidate: str) -> list[str]:
+    """Episodes: overall pass@1 after each round (the gate decided on the last), and the correction rate."""
+    count = len(rounds["candidate"]["pass@1"])
+    lines = ["## Rounds", "", f"pass@1 on the hidden checks after each round of {count}; the gate decided on round {count}.",
+             "", f"| after round | champion {champion} | candidate {candidate} |", "|---|---|---|"]
+    for number in range(count):
+        lines.append(f"| {number + 1} | {rounds['champion']['pass@1'][number]:.3f} | "
+                     f"{rounds['candidate']['pass@1'][number]:.3f} |")
+    lines.append(f"| failed first attempts fixed later | {rounds['champion']['correction_rate']:.3f} | "
+                 f"{rounds['candidate']['correction_rate']:.3f} |")
+    return lines
+
+
 def gate_markdown(gate: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     """The iteration's gate report. ``summary`` is record_iteration's: ``iteration``, ``promoted``,
     ``model_version`` (the candidate's registry version, None when it was not registered),
@@ -259,6 +272,8 @@ def gate_markdown(gate: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     rows = comparisons(gate)
     for kind, heading in (("environment", "Environments"), ("slice", "Slices")):
         lines += ["", f"## {heading}", "", *_table([r for r in rows if r["kind"] == kind], kind, champion, candidate)]
+    if gate.get("rounds"):
+        lines += ["", *rounds_table(gate["rounds"], champion, candidate)]
     if gate.get("monitors"):
         holding = list(gate.get("monitors_holding", []))
         lines += ["", "## Monitors", ""]

@@ -53,10 +53,21 @@ def run(ctx: StageContext) -> dict:
         "monitors_holding": [monitor["name"] for monitor in holding],
         # The groups measured again (the evaluate stage's second look) and their figures there.
         "confirmation": evaluation.get("confirmation"),
+        # Episodes (sample.rounds > 1): the gate decided on the last round; each round's figure beside it.
+        **({"rounds": rounds} if (rounds := _rounds(evaluation)) else {}),
     }
     write_json(ctx.ws.gate, report)
     return {"promote": decision.promote, "overall_delta": decision.overall_delta, "trained": untrained is None,
             "known_hacks_holding": sum(1 for hack in hacks if hack["holds"]), "monitors_holding": len(holding)}
+
+
+def _rounds(evaluation: dict) -> dict | None:
+    """Per role: overall pass@1 after each round, and the correction rate; None without episodes."""
+    if "rounds" not in evaluation["candidate"]:
+        return None
+    return {role: {"pass@1": [s["overall"]["pass@1"] for s in evaluation[role]["rounds"]["by_round"]],
+                   "correction_rate": evaluation[role]["rounds"]["correction_rate"]["rate"]}
+            for role in ("champion", "candidate")}
 
 
 def _monitors(ctx: StageContext) -> list[dict]:

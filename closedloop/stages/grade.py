@@ -28,6 +28,7 @@ def run(ctx: StageContext) -> dict:
         graded, prompts, fixes, include_fixes=ctx.params.train.include_fix_pairs,
         max_fix_fraction=ctx.params.train.max_fix_fraction, max_task_pass_rate=ctx.params.grade.max_task_pass_rate,
         references=references,
+        episode_prompts={s["sample_id"]: s["episode"]["prompt"] for s in samples if "episode" in s},
     )
     write_jsonl(ctx.ws.graded, graded)
     write_jsonl(ctx.ws.fixes, (fix_pair_record(pair) for pair in fixes))

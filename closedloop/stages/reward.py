@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from itertools import pairwise
 
 from closedloop.envs import reward_weights
 from closedloop.envs.base import Task, load_tasks
+from closedloop.envs.episodes import episode_checks
 from closedloop.execution.factory import open_executor
 from closedloop.io import read_jsonl, write_jsonl
 from closedloop.nested import deep_merge
-from closedloop.rewards.canary import benchmark_records, canary_figures, canary_set, check_canary
+from closedloop.rewards.canary import (
+    benchmark_records,
+    canary_figures,
+    canary_set,
+    check_canary,
+)
 from closedloop.rewards.feedback import FeedbackSourceError
 from closedloop.rewards.hacks import (
     KNOWN_HACKS_CHECK,
@@ -52,14 +59,23 @@ def run(ctx: StageContext) -> dict:
     # The batch's sandboxed verifications run in shards on the executor (execution.backend), every
     # environment's side by side; scoring reads their verdicts. The known hacks and the canary are
     # verified by the same workers when checked.
+    episodes = any("episode" in sample for sample in samples)
     with open_executor(ctx.params) as executor, ShardedVerifiers(ctx.params, executor) as verifiers:
         task_of = {task_id: Task.from_record(record) for task_id, record in tasks.items()}  # one per task, not per sample
-        verifiers.prefetch((s["env"], task_of[s["task_id"]], s["completion"]) for s in samples)
+        if episodes:
+            # An episode's reward is its final attempt on the checks the model never saw feedback from.
+            task_of = {task_id: episode_checks(verifiers.env(task.env), task).hidden for task_id, task in task_of.items()}
+            tasks = {task_id: task.to_record() for task_id, task in task_of.items()}
+        verifiers.prefetch((s["env"], task_of[s["task_id"]], attempt) for s in samples
+                           for attempt in s.get("episode", {}).get("attempts", [s["completion"]]))
         try:
             rows, feedbacks = score_batch(ctx.params, tasks, samples, verifiers, ctx.ws.human_labels,
                                           combiner_version=versions["combiner"])
         except (LabelsError, FeedbackSourceError) as error:
             raise StageError(str(error)) from None
+        if episodes:
+            rows = [{**row, "episode": episode_row(sample, task_of[sample["task_id"]], verifiers)}
+                    for row, sample in zip(rows, samples)]
         checked = check_known_hacks(hacks, verifiers, weights_of, version_of)
         # The benchmark canary: fixed completions under today's verifiers (a change is a verifier's).
         started = time.perf_counter()
@@ -76,6 +92,7 @@ def run(ctx: StageContext) -> dict:
     # Per environment, over its shards' own seconds (the verifier sources saw verdicts already made).
     figures["verifications_per_s"] = {env: rates[env] for env in env_names if env in rates}
     return {
+        **({"episodes": episode_figures(rows)} if episodes else {}),
         "verifications": len(rows),
         **figures,
         "status": dict(sorted(Counter(f"{row['env']}/{row['status']}" for row in rows).items())),
@@ -87,6 +104,38 @@ def run(ctx: StageContext) -> dict:
         "isolation": isolation,
         "feedback_sources": {**versions, **named},
     }
+
+
+def episode_row(sample: dict, hidden: Task, verifiers) -> dict:
+    """The per-round step signals of one episode: each attempt on the hidden checks, beside what the
+    visible checks said of it."""
+    episode = sample["episode"]
+    verdicts = verifiers.verify_batch(sample["env"], [hidden] * len(episode["attempts"]), episode["attempts"])
+    hidden_passed = [bool(v.passed) for v in verdicts]
+    return {"rounds": episode["rounds"], "stop": episode["stop"], "hidden_passed": hidden_passed,
+            "visible_passed": episode["visible_passed"], "first_passed": hidden_passed[0],
+            # A later round that fails the hidden checks an earlier one passed: what feedback-chasing looks like.
+            "hidden_lost": any(a and not b for a, b in pairwise(hidden_passed)),
+            # A later attempt that quotes the feedback it was shown, rather than acting on it.
+            "echoed": sum(_quotes(attempt, shown) for attempt, shown in zip(episode["attempts"][1:], episode["feedback"]))}
+
+
+def _quotes(attempt: str, feedback: str) -> bool:
+    shown = " ".join(feedback.split())
+    return len(shown) >= 12 and shown in " ".join(attempt.split())
+
+
+def episode_figures(rows: list[dict]) -> dict:
+    """First attempt against final attempt on the hidden checks, and how often later rounds fixed or broke."""
+    episodes = [row["episode"] for row in rows]
+    n = max(1, len(episodes))
+    first_failed = [e for e in episodes if not e["first_passed"]]
+    return {"first_pass_rate": round(sum(e["first_passed"] for e in episodes) / n, 4),
+            "final_pass_rate": round(sum(e["hidden_passed"][-1] for e in episodes) / n, 4),
+            "corrected": round(sum(e["hidden_passed"][-1] for e in first_failed) / max(1, len(first_failed)), 4),
+            "hidden_lost": round(sum(e["hidden_lost"] for e in episodes) / n, 4),
+            "echoed_attempts": sum(e["echoed"] for e in episodes),
+            "rounds_mean": round(sum(e["rounds"] for e in episodes) / n, 4)}
 
 
 def _merge_figures(parts: list[dict]) -> dict:

@@ -13,7 +13,9 @@ from closedloop.envs.base import load_tasks
 from closedloop.execution.factory import open_executor
 from closedloop.io import write_jsonl
 from closedloop.models.loading import model_fingerprint
+from closedloop.rewards.verification import ShardedVerifiers
 from closedloop.sampling.base import SamplingError
+from closedloop.sampling.episodes import STOPS, run_episodes
 from closedloop.sampling.shards import sample_sharded
 from closedloop.stages.common import StageContext, StageError
 from closedloop.stages.prompting import check_sampling_settings
@@ -27,19 +29,32 @@ def run(ctx: StageContext) -> dict:
     seed = ctx.seed("sample")
     # Task ranges on separate workers (execution.backend, execution.shards), each with its own
     # sampler on the champion; cut on the backend's unit, so the samples do not depend on the cut.
+    episodes = None
     try:
         with open_executor(ctx.params) as executor:
-            sampled = sample_sharded(executor, ctx.params, ctx.ws.champion, [task.prompt for task in tasks],
-                                     [task.task_id for task in tasks], k=settings.k, seed=seed,
-                                     batch_size=settings.batch_size, progress=ctx.progress)
+            if settings.rounds > 1:
+                with ShardedVerifiers(ctx.params, executor) as verifiers:
+                    sampled = run_episodes(executor, ctx.params, ctx.ws.champion, tasks, k=settings.k, seed=seed,
+                                           batch_size=settings.batch_size, rounds=settings.rounds,
+                                           verifiers=verifiers, progress=ctx.progress)
+                episodes = sampled.episodes
+                generations = [[episode.final.completion for episode in row] for row in episodes]
+            else:
+                sampled = sample_sharded(executor, ctx.params, ctx.ws.champion, [task.prompt for task in tasks],
+                                         [task.task_id for task in tasks], k=settings.k, seed=seed,
+                                         batch_size=settings.batch_size, progress=ctx.progress)
+                generations = sampled.generations
             where = f"{executor.backend}, {sampled.shards} shard(s)"
     except SamplingError as error:
         raise StageError(f"sample ({settings.backend.name} backend): {error}") from None
-    generations, stats, prompt_format = sampled.generations, sampled.stats, sampled.prompt_format
+    stats, prompt_format = sampled.stats, sampled.prompt_format
     samples, timings, rollouts = [], [], []
-    for task, task_samples in zip(tasks, generations):
+    for position, (task, task_samples) in enumerate(zip(tasks, generations)):
         for index, sample in enumerate(task_samples):
             sample_id = f"{task.task_id}#{index}"
+            # With episodes the row is the final attempt's; "episode" holds the transcript it was sampled
+            # on, every attempt and what the model was shown (rounds 1 writes no such key: today's rows).
+            episode = {"episode": episodes[position][index].record()} if episodes else {}
             samples.append({
                 "sample_id": sample_id, "task_id": task.task_id, "env": task.env, "slice": task.slice,
                 "kind": task.kind, "sample_index": index, "completion": sample.text,
@@ -47,7 +62,7 @@ def run(ctx: StageContext) -> dict:
                 "temperature": settings.temperature,
                 "top_p": settings.top_p, "max_new_tokens": settings.max_new_tokens, "k": settings.k, "seed": seed,
                 "prompt_tokens": sample.prompt_tokens, "completion_tokens": sample.completion_tokens,
-                "finish_reason": sample.finish_reason,
+                "finish_reason": sample.finish_reason, **episode,
             })
             timings.append({"sample_id": sample_id, "latency_s": round(sample.latency_s, 4)})
             # logprobs null: the backend gave none; GRPO recomputes them under the champion.
@@ -68,4 +83,18 @@ def run(ctx: StageContext) -> dict:
         "prompt_format": prompt_format,
         "logprobs_from": "sampler" if sampled.logprobs else "trainer",
         "execution": where,  # a string: metrics/info/sample.json, not the numbers
+        **(episode_figures(sampled) if episodes else {}),
     }
+
+
+def episode_figures(run) -> dict:
+    """Rounds used and why episodes stopped, and each round's figures (stage metrics)."""
+    flat = [episode for row in run.episodes for episode in row]
+    return {"episodes": {
+        "rounds_mean": round(sum(len(e.attempts) for e in flat) / max(1, len(flat)), 4),
+        "first_round_visible_pass": round(sum(e.attempts[0].visible_passed for e in flat) / max(1, len(flat)), 4),
+        "final_visible_pass": round(sum(e.final.visible_passed for e in flat) / max(1, len(flat)), 4),
+        "stops": {stop: sum(e.stop == stop for e in flat) for stop in STOPS},
+        "per_round": {str(r["round"]): {key: value for key, value in r.items() if key != "round"}
+                      for r in run.per_round},
+    }}

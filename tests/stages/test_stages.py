@@ -485,3 +485,115 @@ def test_grpo_rounds_killed_between_rounds_resume_to_the_uninterrupted_result(do
     assert model_fingerprint(ws.candidate) == model_fingerprint(whole.candidate)
     assert ws.train_rounds.read_bytes() == whole.train_rounds.read_bytes()
     assert _training_record(ws)["steps_log"] == _training_record(whole)["steps_log"]
+
+
+# -- multi-round episodes (sample.rounds) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def episodes(done, tmp_path_factory) -> Workspace:
+    """The done workspace's iteration again with sample.rounds 3, sample to evaluate."""
+    ws = _copy_with(done, tmp_path_factory.mktemp("episodes"), "episodes", "sample", rounds=3)
+    for name in ("sample", "reward", "grade", "validate", "train", "evaluate"):
+        run_stage(name, ws.root)
+    return ws
+
+
+def test_an_episode_revises_a_failed_attempt_reading_the_visible_checks_feedback(episodes):
+    from closedloop.envs import get_env
+    from closedloop.envs.base import load_tasks
+    from closedloop.envs.episodes import episode_checks, shown_feedback
+    from closedloop.models.prompts import episode_prompt
+    from closedloop.rewards.pools import EnvPools
+
+    params = load_params(episodes.root)
+    tasks = {task.task_id: task for task in load_tasks(episodes.tasks)}
+    samples = read_jsonl(episodes.samples)
+    assert len(samples) == len(tasks) * params.sample.k
+    stops = {s["episode"]["stop"] for s in samples}
+    assert stops <= {"passed", "rounds", "context"} and "rounds" in stops  # the tiny policy rarely passes
+    with EnvPools(params) as pools:
+        for sample in samples:
+            episode, task = sample["episode"], tasks[sample["task_id"]]
+            attempts = episode["attempts"]
+            assert len(attempts) == episode["rounds"] == len(episode["feedback"]) == len(episode["visible_passed"])
+            assert sample["completion"] == attempts[-1]  # the row is the final attempt's
+            # stopped when the visible checks passed, else at 3 rounds (or a transcript too long)
+            assert episode["visible_passed"][:-1] == [False] * (len(attempts) - 1)
+            assert (episode["stop"] == "passed") == episode["visible_passed"][-1]
+            assert episode["stop"] != "rounds" or len(attempts) == 3
+            # the final attempt was sampled on the transcript of the earlier ones and what was shown of them
+            assert episode["prompt"] == episode_prompt(task.prompt, list(zip(attempts[:-1], episode["feedback"][:-1])))
+            env = get_env(task.env, params)
+            visible = episode_checks(env, task).visible
+            verdict = pools.verify_batch(task.env, [visible], [attempts[-1]])[0]
+            assert episode["feedback"][-1] == shown_feedback(env, visible, verdict)
+    assert stage_result(episodes.root, "sample")["episodes"]["stops"]["rounds"] > 0
+
+
+def test_an_episode_is_rewarded_by_its_final_attempt_on_the_hidden_checks(episodes):
+    from closedloop.envs import get_env
+    from closedloop.envs.base import load_tasks
+    from closedloop.envs.episodes import episode_checks
+    from closedloop.rewards.pools import EnvPools
+
+    params = load_params(episodes.root)
+    tasks = {task.task_id: task for task in load_tasks(episodes.tasks)}
+    rows = read_jsonl(episodes.rewards)
+    samples = read_jsonl(episodes.samples)
+    with EnvPools(params) as pools:
+        for row, sample in zip(rows, samples):
+            hidden = episode_checks(get_env(sample["env"], params), tasks[sample["task_id"]]).hidden
+            verdicts = pools.verify_batch(sample["env"], [hidden] * sample["episode"]["rounds"],
+                                          sample["episode"]["attempts"])
+            assert row["episode"]["hidden_passed"] == [v.passed for v in verdicts]
+            assert row["passed"] == verdicts[-1].passed and row["steps"] == verdicts[-1].steps
+            assert row["episode"]["first_passed"] == verdicts[0].passed
+    figures = stage_result(episodes.root, "reward")["episodes"]
+    assert figures["final_pass_rate"] == sum(r["passed"] for r in rows) / len(rows)
+
+
+def test_a_passing_episode_is_learnt_conditioned_on_its_transcript(episodes):
+    samples = {s["sample_id"]: s for s in read_jsonl(episodes.samples)}
+    positives = [r for r in read_jsonl(episodes.train_set) if r["source"] == "positive"]
+    for record in positives:
+        assert record["prompt"] == samples[record["origin"]]["episode"]["prompt"]
+        assert record["completion"] == samples[record["origin"]]["completion"]
+
+
+def test_evaluation_reports_pass_at_1_after_each_round_and_the_correction_rate(episodes):
+    evaluation = read_json(episodes.evaluation)
+    metrics = stage_result(episodes.root, "evaluate")
+    for role in ("champion", "candidate"):
+        rounds = evaluation[role]["rounds"]
+        assert len(rounds["by_round"]) == 3
+        assert rounds["by_round"][-1] == evaluation[role]["summary"]  # the gate decides on all rounds
+        assert [metrics[f"{role}_pass@1/round_{r}"] for r in (1, 2, 3)] == \
+            [s["overall"]["pass@1"] for s in rounds["by_round"]]
+        correction = rounds["correction_rate"]
+        assert 0 <= correction["fixed"] <= correction["failed_first"]
+
+
+def test_episode_stages_write_the_same_bytes_again(episodes):
+    written = {path: path.read_bytes() for path in (episodes.samples, episodes.rewards, episodes.train_set)}
+    for name in ("sample", "reward", "grade"):
+        run_stage(name, episodes.root)
+    assert {path: path.read_bytes() for path in written} == written
+
+
+def test_an_episode_whose_transcript_would_overflow_the_context_stops_and_says_so(done, tmp_path):
+    from transformers import AutoTokenizer
+
+    from closedloop.models.prompts import episode_prompt
+
+    ws = _copy_with(done, tmp_path, "overflow", "sample", rounds=3, max_new_tokens=400, settings_mismatch="warn")
+    metrics = run_stage("sample", ws.root)
+    samples = read_jsonl(ws.samples)
+    stopped = [s for s in samples if s["episode"]["stop"] == "context"]
+    assert stopped and metrics["episodes"]["stops"]["context"] == len(stopped)
+    tokenizer = AutoTokenizer.from_pretrained(ws.champion)
+    tasks = {t["task_id"]: t for t in read_jsonl(ws.tasks)}
+    for sample in stopped:
+        episode = sample["episode"]
+        following = episode_prompt(tasks[sample["task_id"]]["prompt"], list(zip(episode["attempts"], episode["feedback"])))
+        assert len(tokenizer(following)["input_ids"]) + 400 > 512

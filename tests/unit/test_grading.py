@@ -117,3 +117,16 @@ def test_a_pass_people_scored_wrong_is_not_learnt_from():
              "sample_index": i, "human_veto": veto} for i, (text, veto) in enumerate((("a", True), ("b", False)))]
     records = training_records(rows, {"t": "p"}, [], include_fixes=False, max_fix_fraction=0.0)
     assert [r["completion"] for r in records if r["source"] == "positive"] == ["b"]
+
+
+def test_a_fix_pair_prompt_is_a_one_attempt_episode_transcript() -> None:
+    from closedloop.grading import fix_prompt
+    from closedloop.models.prompts import episode_prompt
+
+    task = "# Return x doubled.\ndef f(x):\n"
+    assert fix_prompt(task, "    return x", "f(2) returned 2, expected 4") == \
+        episode_prompt(task, [("    return x", "f(2) returned 2, expected 4")]) == \
+        f"{task}    return x\n# Error: f(2) returned 2, expected 4\n# Corrected:\n{task}"
+    two = episode_prompt(task, [("    return x", "wrong"), ("    return x + x\n", "")])
+    assert two == f"{task}    return x\n# Error: wrong\n# Corrected:\n{task}    return x + x\n" \
+                  f"# Error: the tests failed\n# Corrected:\n{task}"

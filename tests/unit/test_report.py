@@ -144,6 +144,15 @@ class TestGateMarkdown:
         assert CHAMPION_FP not in text and CANDIDATE_FP not in text
         assert CHAMPION_FP[:8] not in text and CANDIDATE_FP[:8] not in text.replace(SUMMARY["experiment"], "")
 
+    def test_episodes_show_each_round_beside_the_one_the_gate_decided_on(self) -> None:
+        rounds = {"champion": {"pass@1": [0.2, 0.25, 0.3], "correction_rate": 0.125},
+                  "candidate": {"pass@1": [0.3, 0.4, 0.45], "correction_rate": 0.2142}}
+        text = gate_markdown({**_gate(CHAMPION, BETTER), "rounds": rounds}, {**SUMMARY, "promoted": True})
+        assert "## Rounds" in text and "the gate decided on round 3" in text
+        assert "| 1 | 0.200 | 0.300 |" in text and "| 3 | 0.300 | 0.450 |" in text
+        assert "| failed first attempts fixed later | 0.125 | 0.214 |" in text
+        assert "## Rounds" not in gate_markdown(_gate(CHAMPION, BETTER), {**SUMMARY, "promoted": True})
+
     def test_tables_rows_and_verdicts(self) -> None:
         text = gate_markdown(_gate(CHAMPION, EDGE_FELL), {**SUMMARY, "promoted": False})
         assert "| data/edge | 0.400 | 0.300 | \u221210.0 pp | slice tolerance 5.0 pp | **regressed** |" in text

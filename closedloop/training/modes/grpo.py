@@ -169,7 +169,9 @@ def stage_rollouts(run: TrainingRun, task_ids: set[str]) -> tuple[list[Rollout],
             continue
         rollout = rollouts[sample_id]
         cut += sample.get("finish_reason") == "length"  # stopped by sample.max_new_tokens, not by the model
-        batch.append(Rollout(group=sample["task_id"], prompt=prompts[sample["task_id"]],
+        # An episode's final attempt was sampled on its transcript: its log-probabilities are under that.
+        prompt = sample["episode"]["prompt"] if "episode" in sample else prompts[sample["task_id"]]
+        batch.append(Rollout(group=sample["task_id"], prompt=prompt,
                              token_ids=tuple(rollout["token_ids"]),
                              logprobs=None if rollout.get("logprobs") is None else tuple(rollout["logprobs"]),
                              reward=shaped_reward(reward["reward"], reward["steps"], params.shaping,

@@ -1,0 +1,163 @@
+"""Multi-round episodes (``sample.rounds``): sample an attempt, run the task's visible checks on it,
+show the model what they said, and sample again, until the visible checks pass, R rounds are used, or
+the next transcript would not fit the model's context.
+
+Rounds are batched across episodes: every open episode's round r is sampled at once (one sampling run
+on the executor's workers, the model loaded once per round), then verified at once in the sandbox
+pools, then round r + 1. The verifier workers are closed before the next round's samplers start, as
+the evaluate stage does, so both never need the cluster at the same time (a 2-CPU local Ray fits
+either, not both).
+
+What the model reads after a failed attempt is envs.episodes.shown_feedback of the visible checks'
+verdict: never a value that only the hidden checks hold. The reward stage scores the final attempt on
+the hidden checks. Round r's samples are seeded by the run's seed and r, and by each open episode's
+position among the open ones, so the same inputs give the same episodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from closedloop.envs.base import Task
+from closedloop.envs.episodes import episode_checks, shown_feedback
+from closedloop.models.prompts import episode_prompt
+from closedloop.sampling.base import Completion, SamplingError, SamplingStats
+from closedloop.sampling.shards import open_sampling
+
+ROUND_SEED_STRIDE = 1_000_003  # round r samples with seed + (r - 1) * this: rounds never share draws
+STOPS = ("passed", "rounds", "context")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    prompt: str  # what this round's sampler read: the task, or the transcript of the earlier attempts
+    completion: Completion
+    visible_passed: bool
+    feedback: str  # what the model is shown about this attempt in the next round
+
+
+@dataclass
+class Episode:
+    task: Task
+    index: int  # the j-th of the task's k episodes
+    attempts: list[Attempt] = field(default_factory=list)
+    stop: str = ""  # one of STOPS, once the episode ended
+
+    @property
+    def final(self) -> Attempt:
+        return self.attempts[-1]
+
+    def record(self) -> dict[str, Any]:
+        """What a samples.jsonl row keeps of the episode (its final attempt is the row's completion)."""
+        return {"rounds": len(self.attempts), "stop": self.stop, "prompt": self.final.prompt,
+                "attempts": [a.completion.text for a in self.attempts],
+                "visible_passed": [a.visible_passed for a in self.attempts],
+                "feedback": [a.feedback for a in self.attempts],
+                "completion_tokens": [a.completion.completion_tokens for a in self.attempts]}
+
+
+@dataclass(frozen=True)
+class EpisodeRun:
+    episodes: list[list[Episode]]  # episodes[i][j]: the j-th episode of task i
+    stats: SamplingStats  # over every round's sampling (its wall time: sampling only)
+    logprobs: bool
+    prompt_format: str | None
+    shards: int
+    per_round: list[dict]  # per round: open episodes, sampled, visible passes, stops, seconds
+
+
+def round_seed(seed: int, round_number: int) -> int:
+    return seed + (round_number - 1) * ROUND_SEED_STRIDE
+
+
+def run_episodes(executor: Any, params: Any, model_dir: Path, tasks: list[Task], *, k: int, seed: int,
+                 batch_size: int, rounds: int, verifiers: Any, progress: bool = False) -> EpisodeRun:
+    """k episodes per task of at most ``rounds`` attempts each, on the model in ``model_dir``.
+
+    ``verifiers``: a rewards.verification.ShardedVerifiers (or anything with its ``env``, ``prefetch``,
+    ``verify_batch`` and ``close``). Raises SamplingError when the model's prompts are a chat template's:
+    chat transcripts are not built yet."""
+
+    checks = {task.task_id: episode_checks(verifiers.env(task.env), task) for task in tasks}
+    episodes = [[Episode(task, j) for j in range(k)] for task in tasks]
+    open_ = [episode for row in episodes for episode in row]
+    per_round, sampled_rows, wall = [], [], 0.0
+    logprobs, prompt_format, shards = False, None, 0
+    for number in range(1, rounds + 1):
+        if not open_:
+            break
+        with open_sampling(executor, params, model_dir) as sampling:
+            if number == 1:
+                measured = sampling.measure([tasks[0].prompt] if tasks else [])
+                prompt_format = measured.prompt_format
+                _refuse_chat(prompt_format, rounds)
+                sampled = sampling.sample([t.prompt for t in tasks], [t.task_id for t in tasks], k=k,
+                                          seed=seed, batch_size=batch_size, progress=progress)
+                drawn = [(episode, task.prompt, sampled.generations[i][episode.index])
+                         for i, task in enumerate(tasks) for episode in episodes[i]]
+                logprobs, shards = sampled.logprobs, sampled.shards
+            else:
+                prompts = [_next_prompt(episode) for episode in open_]
+                fits = _fits(sampling.measure(prompts), params.sample.max_new_tokens)
+                for episode, fit in zip(open_, fits):
+                    if not fit:
+                        episode.stop = "context"
+                going = [(episode, prompt) for episode, prompt, fit in zip(open_, prompts, fits) if fit]
+                sampled = sampling.sample([p for _, p in going], [e.task.task_id for e, _ in going], k=1,
+                                          seed=round_seed(seed, number), batch_size=batch_size, progress=progress)
+                drawn = [(episode, prompt, row[0]) for (episode, prompt), row in zip(going, sampled.generations)]
+        wall += sampled.stats.wall_s
+        sampled_rows += [[completion] for _, _, completion in drawn]
+        verdicts = _verify_visible(drawn, checks, verifiers)
+        for (episode, prompt, completion), verdict in zip(drawn, verdicts):
+            feedback = shown_feedback(verifiers.env(episode.task.env), checks[episode.task.task_id].visible, verdict)
+            episode.attempts.append(Attempt(prompt, completion, bool(verdict.passed), feedback))
+            if verdict.passed:
+                episode.stop = "passed"
+            elif number == rounds:
+                episode.stop = "rounds"
+        per_round.append({"round": number, "open": len(open_), "sampled": len(drawn),
+                          "visible_passed": sum(bool(v.passed) for v in verdicts),
+                          "stopped_for_context": len(open_) - len(drawn), "sampling_s": round(sampled.stats.wall_s, 3)})
+        open_ = [episode for episode, _, _ in drawn if not episode.stop]
+    return EpisodeRun(episodes=episodes, stats=SamplingStats.of(sampled_rows, wall), logprobs=logprobs,
+                      prompt_format=prompt_format, shards=shards, per_round=per_round)
+
+
+def _refuse_chat(prompt_format: str | None, rounds: int) -> None:
+    if prompt_format == "chat" and rounds > 1:
+        raise SamplingError(f"sample.rounds is {rounds} but this model's prompts are a chat template's, and episodes of "
+                            "chat turns are not built yet: set sample.rounds: 1, or sample.prompt_format: raw"
+                            )
+
+
+def _next_prompt(episode: Episode) -> str:
+    return episode_prompt(episode.task.prompt, [(a.completion.text, a.feedback) for a in episode.attempts])
+
+
+def _fits(measured: Any, max_new_tokens: int) -> list[bool]:
+    """Whether each transcript leaves room for a whole attempt in the model's context (unknown: yes)."""
+    limit = measured.context_length
+    return [not limit or n + max_new_tokens <= limit for n in measured.prompt_tokens]
+
+
+def _verify_visible(drawn: list[tuple[Episode, str, Completion]], checks: dict, verifiers: Any) -> list:
+    """The visible checks' verdict of each drawn attempt, every environment's at once."""
+    requests = [(episode.task.env, checks[episode.task.task_id].visible, completion.text)
+                for episode, _, completion in drawn]
+    verifiers.prefetch(requests)
+    by_env: dict[str, list[int]] = defaultdict(list)
+    for position, (env_name, _, _) in enumerate(requests):
+        by_env[env_name].append(position)
+    verdicts: list = [None] * len(requests)
+    for env_name, positions in by_env.items():
+        found = verifiers.verify_batch(env_name, [requests[p][1] for p in positions],
+                                       [requests[p][2] for p in positions])
+        for position, verdict in zip(positions, found):
+            verdicts[position] = verdict
+    # The sandbox workers go before the next round's samplers start (see the module docstring).
+    verifiers.close()
+    return verdicts
