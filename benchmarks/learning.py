@@ -79,8 +79,11 @@ def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
 def describe(row: dict, warm: dict) -> str:
     gain = (row["champion"]["overall"] - warm["overall"]) * 100
     envs = " ".join(f"{env} {value:.3f}" for env, value in row["champion"].items() if env != "overall")
-    extra = (f"skipped groups {row['skipped_groups']}/{row['groups']}, KL last {row['kl_last']}" if row["mode"] == "grpo"
-             else f"trained on {row['trained_on']}")
+    extra = (f"skipped groups {row['skipped_groups']}/{row['groups']}, KL last {row['kl_last']}"
+             if row["mode"].split("+")[0] == "grpo" else f"trained on {row['trained_on']}")
+    if row.get("episodes"):
+        extra += (f" batch first/final attempt {row['episodes']['first_pass_rate']:.3f}/"
+                  f"{row['episodes']['final_pass_rate']:.3f}")
     if row.get("round_pass_rates"):
         extra += " rounds' pass rates " + " ".join(f"{v:.3f}" for v in row["round_pass_rates"].values())
     again = f"measured again: {', '.join(row['measured_again'])} | " if row.get("measured_again") else ""
@@ -113,16 +116,23 @@ def paired_difference(before: dict[str, int], after: dict[str, int], n: int, tas
     return out
 
 
-def final_check(base: Path, finals: dict[str, Path], samples: int) -> dict:
-    """The warm start and each mode's final champion, evaluated again with ``samples`` per task."""
+def arm_dir(arm: str) -> str:
+    """The workspace folder of an arm ("rft+sample.rounds=3" → "rft+sample.rounds-3")."""
+    return arm.replace("=", "-").replace("/", "-")
+
+
+def final_check(base: Path, finals: dict[str, Path], samples: int, rounds: int = 1) -> dict:
+    """The warm start and each mode's final champion, evaluated again with ``samples`` per task; with
+    ``rounds`` > 1 as episodes, each also after round 1 and paired against its own round 1."""
     from closedloop.config import load_params
-    from closedloop.evaluation.runner import evaluate_policy
     from closedloop.envs.base import load_tasks
+    from closedloop.evaluation.runner import evaluate_policy
     from closedloop.rewards.pools import EnvPools
     from closedloop.workspace import Workspace
 
     ws = Workspace.at(base)
     params = load_params(base)
+    params = params.model_copy(update={"sample": params.sample.model_copy(update={"rounds": rounds})})
     tasks = load_tasks(ws.benchmark_tasks)
     results = {}
     with EnvPools(params) as verifiers:
@@ -132,11 +142,26 @@ def final_check(base: Path, finals: dict[str, Path], samples: int) -> dict:
                                    verifiers=verifiers)
 
         warm = run(ws.warmstart_model)
+        firsts: dict[str, dict] = {}
         results["warm_start"] = pass_rates(warm["summary"])
+        if rounds > 1:
+            results["warm_start_round_1"] = pass_rates(warm["rounds"]["by_round"][0])
         for mode, model in finals.items():
             final = run(model)
             results[mode] = {"pass@1": pass_rates(final["summary"]),
                              "vs_warm_start": paired_difference(warm["per_task"], final["per_task"], samples, tasks)}
+            if rounds > 1:
+                first = firsts[mode] = final["rounds"]["per_task_by_round"][0]
+                results[mode]["round_1"] = pass_rates(final["rounds"]["by_round"][0])
+                results[mode]["correction_rate"] = final["rounds"]["correction_rate"]
+                # what the later rounds add to this model's own first attempts
+                results[mode]["rounds_vs_round_1"] = paired_difference(first, final["per_task"], samples, tasks)
+                results[mode]["round_1_vs_warm_start_round_1"] = paired_difference(
+                    warm["rounds"]["per_task_by_round"][0], first, samples, tasks)
+        names = [name for name in finals if "round_1" in results[name]]
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:  # every pair of arms, first attempts against first attempts
+                results[f"{b} vs {a}, round 1"] = paired_difference(firsts[a], firsts[b], samples, tasks)
     return results
 
 
@@ -247,6 +272,9 @@ def main() -> None:
     parser.add_argument("--final-samples", type=int, default=32,
                         help="samples per task when the warm start and the final champions are evaluated "
                              "again at the end (0: skip)")
+    parser.add_argument("--final-rounds", type=int, default=1,
+                        help="evaluate the final check as episodes of this many rounds (sample.rounds), each model "
+                             "also after round 1")
     parser.add_argument("--compare", choices=["trl"], help="also run the reference trainer (TRL's GRPOTrainer) from "
                         "the same warm start for the best mode's wall-clock, on its training tasks")
     parser.add_argument("--trl-minutes", type=float, help="TRL's training budget (default: the best mode's minutes)")
@@ -290,15 +318,19 @@ def main() -> None:
     figures = {"warm_start": warm, "warm_start_seconds": round(warm_seconds, 1), "iterations": rows,
                "overrides": args.set}
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        root = workdir / mode
+        # An arm: a training mode, and (after "+") overrides of its own, e.g. rft+sample.rounds=3.
+        train_mode, *arm_sets = mode.split("+")
+        root = workdir / arm_dir(mode)
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(base, root, symlinks=True)
         shutil.rmtree(root / "data" / "models" / "candidate.checkpoint", ignore_errors=True)
         init_workspace(root)  # dvc.yaml rendered from this code (a reused warm start may predate it)
         if args.set and args.from_warmstart:
             apply_overrides(root, args.set)  # the copy's, never the reused warm start's own params.yaml
+        if arm_sets:
+            apply_overrides(root, arm_sets)
         params = load_params(root)
-        params.train.mode = mode
+        params.train.mode = train_mode
         write_params(root, params)
         for iteration in range(1, args.iterations + 1):
             started = time.perf_counter()
@@ -325,7 +357,7 @@ def main() -> None:
               f"training {tokens_per_s:.0f} tokens/s; {sum(row['wall_s'] for row in mine) / len(mine):.0f} s/iteration; "
               f"{(last['champion']['overall'] - warm['overall']) * 100 / (sum(row['wall_s'] for row in mine) / 60):+.2f} "
               "pp per minute of iterations")
-    finals = {mode: Workspace.at(workdir / mode).champion for mode in sorted({row["mode"] for row in rows})}
+    finals = {mode: Workspace.at(workdir / arm_dir(mode)).champion for mode in sorted({row["mode"] for row in rows})}
     if args.compare == "trl" and rows:
         import trl_compare
 
@@ -343,8 +375,8 @@ def main() -> None:
         if args.plot:
             plot_minutes(rows, trl, warm, args.plot.with_name(args.plot.stem + "_minutes.png"))
     if args.final_samples and rows:
-        check = final_check(base, finals, args.final_samples)
-        figures["final_check"] = {"samples_per_task": args.final_samples, **check}
+        check = final_check(base, finals, args.final_samples, args.final_rounds)
+        figures["final_check"] = {"samples_per_task": args.final_samples, "rounds": args.final_rounds, **check}
         print(f"\nfinal champions against the warm start, {args.final_samples} samples per task (paired; ± one "
               f"standard error over tasks)")
         print("warm start  " + " ".join(f"{k} {v:.3f}" for k, v in check["warm_start"].items()))
@@ -353,6 +385,15 @@ def main() -> None:
             print(f"{mode:<5} final " + " ".join(f"{k} {v:.3f}" for k, v in check[mode]["pass@1"].items()))
             print("      change " + " ".join(f"{k} {d['diff'] * 100:+.1f}±{d['se'] * 100:.1f} pp"
                                          for k, d in diffs.items()))
+            if "round_1" in check[mode]:
+                print("      after round 1 " + " ".join(f"{k} {v:.3f}" for k, v in check[mode]["round_1"].items()))
+                for key, label in (("rounds_vs_round_1", f"round {args.final_rounds} vs its round 1"),
+                                   ("round_1_vs_warm_start_round_1", "round 1 vs the warm start's round 1")):
+                    print(f"      {label}: " + " ".join(f"{k} {d['diff'] * 100:+.1f}±{d['se'] * 100:.1f} pp"
+                                                      for k, d in check[mode][key].items()))
+        for key in [k for k in check if k.endswith(", round 1")]:
+            print(f"{key}: " + " ".join(f"{k} {d['diff'] * 100:+.1f}±{d['se'] * 100:.1f} pp"
+                                       for k, d in check[key].items()))
         save(figures, args.out)
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -59,6 +59,7 @@ def evaluate_policy(
         # The gate decides on "summary" (after all rounds); each round's figures and the correction rate
         # stand beside it.
         result["rounds"] = {"by_round": [summarize(_per_task(tasks, samples_per_task, p)) for p in by_round],
+                            "per_task_by_round": by_round,
                             "correction_rate": correction_rate(run.episodes, verifiers),
                             "per_round": run.per_round}
     return result
