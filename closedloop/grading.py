@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from closedloop.models.prompts import episode_prompt
+from closedloop.models.prompts import Prompt, episode_prompt, prompt_key
 
 POSITIVE, PARTIAL, ERROR = "positive", "partial", "error"
 BUCKETS = (POSITIVE, PARTIAL, ERROR)
@@ -89,7 +89,7 @@ def training_records(
     max_fix_fraction: float,
     max_task_pass_rate: float = 1.0,
     references: dict[str, str] | None = None,
-    episode_prompts: dict[str, str] | None = None,
+    episode_prompts: dict[str, Prompt] | None = None,
 ) -> list[dict[str, Any]]:
     """Positives (one per distinct completion of a task), the references of unsolved tasks, and,
     optionally, capped fix pairs.
@@ -111,7 +111,7 @@ def training_records(
     seen: set[tuple[str, str, str]] = set()
     for row in sorted(graded, key=lambda r: r["sample_id"]):
         prompt = (episode_prompts or {}).get(row["sample_id"], prompts[row["task_id"]])
-        key = (row["task_id"], prompt, row["completion"])
+        key = (row["task_id"], prompt_key(prompt), row["completion"])
         frontier = passes[row["task_id"]] <= max_task_pass_rate * samples[row["task_id"]] + 1e-9
         vetoed = row.get("human_veto", False)  # a pass people rejected (stages/grade.py) is not learnt
         if row["bucket"] == POSITIVE and frontier and key not in seen and not vetoed:

@@ -9,8 +9,13 @@ a model trained on chat-formatted prompts and sampled on raw ones is a silent di
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
+
+# What a sampler or trainer is given as a prompt: the task's text, or (a chat model's episode after its
+# first round) the turns so far, [{"role": "user" | "assistant", "content": ...}, ...].
+Prompt = str | list[dict[str, str]]
 
 BUILTIN_PREFIX = "builtin:"
 # A raw continuation runs on past its answer into the next function or script; these end it. A chat
@@ -25,20 +30,27 @@ class PromptFormat:
     system_prompt: str | None = None
     stop: tuple[str, ...] = RAW_STOPS  # sample.stop, or the format's default when that is empty
 
-    def render(self, tokenizer: Any, prompt: str) -> str:
-        """The text the model reads before its completion."""
+    def render(self, tokenizer: Any, prompt: Prompt) -> str:
+        """The text the model reads before its completion. ``prompt`` is a task prompt, or (chat) the
+        turns of an episode so far (episode_turns), rendered by the template as alternating turns."""
         if self.kind == "raw":
+            if not isinstance(prompt, str):
+                raise PromptFormatError("a raw prompt is text; chat turns were given (a transcript of a chat model's "
+                                        "episode sampled or trained as raw)")
             return prompt
-        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-        messages.append({"role": "user", "content": prompt})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(self.messages(prompt), tokenize=False, add_generation_prompt=True)
+
+    def messages(self, prompt: Prompt) -> list[dict[str, str]]:
+        """The chat messages of ``prompt``: the system prompt, then its turns (a task prompt: one user turn)."""
+        turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else []) + turns
 
     @property
     def add_special_tokens(self) -> bool:
         # A chat template writes its own BOS / special tokens as text; adding them again would double them.
         return self.kind == "raw"
 
-    def encode(self, tokenizer: Any, prompt: str) -> list[int]:
+    def encode(self, tokenizer: Any, prompt: Prompt) -> list[int]:
         """Token ids of the rendered prompt, exactly as every sampler and trainer feeds them."""
         return tokenizer(self.render(tokenizer, prompt), add_special_tokens=self.add_special_tokens)["input_ids"]
 
@@ -48,6 +60,24 @@ class PromptFormat:
                 "chat_template": template_hash(tokenizer) if self.kind == "chat" else None,
                 "system_prompt": self.system_prompt if self.kind == "chat" else None,
                 "stop": list(self.stop)}
+
+
+FEEDBACK_TURN = "The visible checks say: {feedback}\nWrite your whole answer again, corrected."
+
+
+def episode_turns(task_prompt: str, attempts: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """A chat model's transcript after some attempts: the task as the user's turn, then each attempt as
+    the assistant's and the feedback on it as the user's, for the template to render."""
+    turns = [{"role": "user", "content": task_prompt}]
+    for attempt, feedback in attempts:
+        turns += [{"role": "assistant", "content": attempt},
+                  {"role": "user", "content": FEEDBACK_TURN.format(feedback=feedback or "the checks failed")}]
+    return turns
+
+
+def prompt_key(prompt: Prompt) -> str:
+    """A prompt as a hashable, comparable key (chat turns as canonical JSON)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
 
 
 def episode_prompt(task_prompt: str, attempts: list[tuple[str, str]]) -> str:

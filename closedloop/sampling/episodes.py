@@ -23,8 +23,8 @@ from typing import Any
 
 from closedloop.envs.base import Task
 from closedloop.envs.episodes import episode_checks, shown_feedback
-from closedloop.models.prompts import episode_prompt
-from closedloop.sampling.base import Completion, SamplingError, SamplingStats
+from closedloop.models.prompts import Prompt, episode_prompt, episode_turns
+from closedloop.sampling.base import Completion, SamplingStats
 from closedloop.sampling.shards import open_sampling
 
 ROUND_SEED_STRIDE = 1_000_003  # round r samples with seed + (r - 1) * this: rounds never share draws
@@ -33,7 +33,7 @@ STOPS = ("passed", "rounds", "context")
 
 @dataclass(frozen=True)
 class Attempt:
-    prompt: str  # what this round's sampler read: the task, or the transcript of the earlier attempts
+    prompt: Prompt  # what this round's sampler read: the task, or the transcript of the earlier attempts
     completion: Completion
     visible_passed: bool
     feedback: str  # what the model is shown about this attempt in the next round
@@ -78,8 +78,8 @@ def run_episodes(executor: Any, params: Any, model_dir: Path, tasks: list[Task],
     """k episodes per task of at most ``rounds`` attempts each, on the model in ``model_dir``.
 
     ``verifiers``: a rewards.verification.ShardedVerifiers (or anything with its ``env``, ``prefetch``,
-    ``verify_batch`` and ``close``). Raises SamplingError when the model's prompts are a chat template's:
-    chat transcripts are not built yet."""
+    ``verify_batch`` and ``close``). A chat model reads the transcript as alternating turns, rendered
+    by its template (models/prompts.episode_turns); a raw one as text (episode_prompt)."""
 
     checks = {task.task_id: episode_checks(verifiers.env(task.env), task) for task in tasks}
     episodes = [[Episode(task, j) for j in range(k)] for task in tasks]
@@ -91,16 +91,14 @@ def run_episodes(executor: Any, params: Any, model_dir: Path, tasks: list[Task],
             break
         with open_sampling(executor, params, model_dir) as sampling:
             if number == 1:
-                measured = sampling.measure([tasks[0].prompt] if tasks else [])
-                prompt_format = measured.prompt_format
-                _refuse_chat(prompt_format, rounds)
+                prompt_format = sampling.measure([tasks[0].prompt] if tasks else []).prompt_format
                 sampled = sampling.sample([t.prompt for t in tasks], [t.task_id for t in tasks], k=k,
                                           seed=seed, batch_size=batch_size, progress=progress)
                 drawn = [(episode, task.prompt, sampled.generations[i][episode.index])
                          for i, task in enumerate(tasks) for episode in episodes[i]]
                 logprobs, shards = sampled.logprobs, sampled.shards
             else:
-                prompts = [_next_prompt(episode) for episode in open_]
+                prompts = [_next_prompt(episode, prompt_format) for episode in open_]
                 fits = _fits(sampling.measure(prompts), params.sample.max_new_tokens)
                 for episode, fit in zip(open_, fits):
                     if not fit:
@@ -127,15 +125,12 @@ def run_episodes(executor: Any, params: Any, model_dir: Path, tasks: list[Task],
                       prompt_format=prompt_format, shards=shards, per_round=per_round)
 
 
-def _refuse_chat(prompt_format: str | None, rounds: int) -> None:
-    if prompt_format == "chat" and rounds > 1:
-        raise SamplingError(f"sample.rounds is {rounds} but this model's prompts are a chat template's, and episodes of "
-                            "chat turns are not built yet: set sample.rounds: 1, or sample.prompt_format: raw"
-                            )
-
-
-def _next_prompt(episode: Episode) -> str:
-    return episode_prompt(episode.task.prompt, [(a.completion.text, a.feedback) for a in episode.attempts])
+def _next_prompt(episode: Episode, prompt_format: str | None) -> Prompt:
+    """The transcript of the episode so far: raw text in a failure→fix pair's form, or chat turns."""
+    attempts = [(a.completion.text, a.feedback) for a in episode.attempts]
+    if prompt_format == "chat":
+        return episode_turns(episode.task.prompt, attempts)
+    return episode_prompt(episode.task.prompt, attempts)
 
 
 def _fits(measured: Any, max_new_tokens: int) -> list[bool]:

@@ -138,8 +138,7 @@ class OpenAISampler(SamplerBase):
         if self.capabilities.logprobs:
             body["logprobs"] = 1
         if self.options.api == "chat":
-            messages = ([{"role": "system", "content": s.system_prompt}] if s.system_prompt else [])
-            body["messages"] = messages + [{"role": "user", "content": prompt}]
+            body["messages"] = self.prompt_format.messages(prompt)
             path = "/chat/completions"
         else:
             body["prompt"] = rendered[len(self.bos_prefix):] if rendered.startswith(self.bos_prefix) else rendered

@@ -122,3 +122,43 @@ def test_another_template_makes_the_mismatch_check_name_chat_template(chat, tmp_
         config_path.write_text(json.dumps(config))
     with pytest.raises(StageError, match="chat_template: the model's rollouts used"):
         run_stage("sample", root)
+
+
+def test_a_chat_model_s_episodes_run_a_whole_iteration_through_a_managed_openai_server(chat, tmp_path):
+    """sample.rounds 3 with the openai backend against a managed `transformers serve` of the chat model:
+    each later round reads the earlier attempts as assistant turns and their feedback as user turns,
+    rendered by the model's template; every stage after the warm start runs on the episodes."""
+    import shutil
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from closedloop.models.prompts import episode_turns
+
+    root = tmp_path / "ws"
+    shutil.copytree(chat.root, root)
+    data = yaml.safe_load((root / "params.yaml").read_text())
+    data["sample"].update({"rounds": 3, "backend": {"name": "openai", "api": "chat"}, "server": {"managed": True}})
+    (root / "params.yaml").write_text(yaml.safe_dump(data))
+    ws = Workspace.at(root)
+    for name in STAGES_AFTER_WARM_START:
+        run_stage(name, root)
+    tokenizer = AutoTokenizer.from_pretrained(str(ws.champion))
+    samples = read_jsonl(ws.samples)
+    tasks = {t["task_id"]: t for t in read_jsonl(ws.tasks)}
+    later = [s for s in samples if s["episode"]["rounds"] > 1]
+    assert later, "no episode went past its first round"
+    for sample in later:
+        episode = sample["episode"]
+        turns = episode["prompt"]
+        assert turns == episode_turns(tasks[sample["task_id"]]["prompt"],
+                                      list(zip(episode["attempts"][:-1], episode["feedback"][:-1])))
+        assert [t["role"] for t in turns] == ["user"] + ["assistant", "user"] * (episode["rounds"] - 1)
+        rendered = tokenizer.apply_chat_template([{"role": "system", "content": "Answer with code only."}, *turns],
+                                                 tokenize=False, add_generation_prompt=True)
+        assert rendered.count("<|im_start|>assistant") == episode["rounds"]  # the earlier attempts + the reply's
+        assert sample["prompt_tokens"] == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    evaluation = read_json(ws.evaluation)
+    assert len(evaluation["candidate"]["rounds"]["by_round"]) == 3
+    assert read_json(ws.gate)["rounds"]["candidate"]["pass@1"] == \
+        [s["overall"]["pass@1"] for s in evaluation["candidate"]["rounds"]["by_round"]]

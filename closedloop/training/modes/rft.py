@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from closedloop.io import read_jsonl
+from closedloop.models.prompts import prompt_key
 from closedloop.training.modes.base import TrainingError, TrainingRun
 from closedloop.training.modes.supervised import SupervisedMode
 from closedloop.workspace import TRAIN_SET, Workspace
@@ -66,13 +67,13 @@ def select_replay(current: list[dict], batches: dict[str, list[dict]],
     ``batches`` maps each version, oldest first, to its training-set records. Returns the records
     (source "replay", origin "<version>:<sample>") and how many came from each version.
     """
-    seen = {(r["prompt"], r["completion"]) for r in current}
+    seen = {(prompt_key(r["prompt"]), r["completion"]) for r in current}
     cap = int(len(current) * max_fraction / (1 - max_fraction))
     kept: list[dict] = []
     mix = {version: 0 for version in batches}
     for version in reversed(list(batches)):
         for row in batches[version]:
-            key = (row["prompt"], row["completion"])
+            key = (prompt_key(row["prompt"]), row["completion"])
             if len(kept) >= cap:
                 break
             if row.get("source") == "positive" and key not in seen:
