@@ -12,7 +12,8 @@ look-up. The points:
 - ``version:mlflow-log``: the iteration's MLflow run is open and half logged;
 - ``version:register``: the candidate is registered, no alias moved yet.
 - ``shard:<Worker>:<index>``: a Ray worker finished shard ``<index>`` and dies before returning it
-  (:func:`kill_worker_once`: that process alone, once per ``CLOSEDLOOP_FAULT_MARKER`` file).
+  (:func:`kill_worker_once`: that process alone, once per ``CLOSEDLOOP_FAULT_MARKER`` file, after
+  ``CLOSEDLOOP_FAULT_SKIP`` earlier arrivals).
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def kill_worker_once(point: str) -> None:
     if not armed(point):
         return
     marker = os.environ.get(f"{ENV}_MARKER")
+    # CLOSEDLOOP_FAULT_SKIP=N: the first N arrivals pass (a later round's shard of the same index, as in an
+    # episode's round 2); counted in files beside the marker, so across processes.
+    for arrival in range(int(os.environ.get(f"{ENV}_SKIP", "0"))):
+        try:
+            os.close(os.open(f"{marker}.skip{arrival}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return
+        except FileExistsError:
+            continue
     if marker:
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))

@@ -54,13 +54,15 @@ def _assert_same_batch(got: dict, expected: dict) -> None:
                 assert row["logprobs"] == pytest.approx(other["logprobs"], abs=LOGPROB_TOLERANCE), row["sample_id"]
 
 
-def _params(**execution) -> dict:
+def _params(rounds: int = 1, **execution) -> dict:
     from tests.conftest import TINY
     import copy
 
     data = copy.deepcopy(TINY)
     # 2 prompts decoded together (k 2): 10 tasks are 5 batches, so 3 shards cut between batches.
     data["sample"]["batch_size"] = 4
+    if rounds > 1:
+        data["sample"]["rounds"] = rounds
     data["execution"] = execution
     return data
 
@@ -79,10 +81,10 @@ def warm(tmp_path_factory) -> Path:
     return root
 
 
-def _batch_of(warm: Path, where: Path, stages=("sample", "reward"), **execution) -> dict:
+def _batch_of(warm: Path, where: Path, stages=("sample", "reward"), rounds: int = 1, **execution) -> dict:
     """The batch files ``stages`` wrote in a copy of ``warm`` run with ``execution`` (see _contents)."""
     shutil.copytree(warm, where)
-    (where / "params.yaml").write_text(yaml.safe_dump(_params(**execution)))
+    (where / "params.yaml").write_text(yaml.safe_dump(_params(rounds, **execution)))
     for name in stages:
         run_stage(name, where)
     return _contents(where)
@@ -164,6 +166,25 @@ def test_a_killed_worker_s_shard_runs_again_with_the_same_result(warm, local_ws,
     assert marker.exists(), f"no worker reached {point}: the fault never fired"
     _assert_same_batch(batch, local_batch)
     assert len(batch) == 3 if stage == "reward" else len(batch) == 2
+
+
+def test_a_worker_killed_in_an_episode_s_second_round_is_retried_with_the_same_episodes(warm, ray_cluster, tmp_path,
+                                                                                        monkeypatch):
+    """sample.rounds 3 on Ray, 3 shards: the sampler worker of shard 1 dies after sampling it in round 2
+    (the arrivals before, round 1's sampling and round 2's measuring of the transcripts, pass), the
+    shard runs again, and the episodes are those of one local process with no fault."""
+    local = _batch_of(warm, tmp_path / "local", stages=("sample",), rounds=3, backend="local", shards=1)
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("CLOSEDLOOP_FAULT", "shard:SampleWorker:1")
+    monkeypatch.setenv("CLOSEDLOOP_FAULT_MARKER", str(marker))
+    monkeypatch.setenv("CLOSEDLOOP_FAULT_SKIP", "2")
+    batch = _batch_of(warm, tmp_path / "ws", stages=("sample",), rounds=3, backend="ray", shards=3,
+                      ray={"workers": 2, "retries": 1})
+    assert marker.exists() and Path(f"{marker}.skip1").exists(), "the fault did not fire in a later round"
+    _assert_same_batch(batch, local)
+    from closedloop.io import read_jsonl
+
+    assert max(s["episode"]["rounds"] for s in read_jsonl(tmp_path / "ws" / "data/batch/samples.jsonl")) > 1
 
 
 def test_a_worker_lost_more_often_than_retries_allow_fails_the_stage_naming_the_key(warm, ray_cluster, tmp_path,
