@@ -19,6 +19,7 @@ MONITORS: dict[str, str] = {
     "format_only_wins": "closedloop.monitors.format_only_wins",
     "grpo_health": "closedloop.monitors.grpo_health",
     "anomaly_rates": "closedloop.monitors.anomaly_rates",
+    "episode_gaming": "closedloop.monitors.episode_gaming",
     "canary": "closedloop.monitors.canary",
 }
 MONITOR_NAMES: tuple[str, ...] = tuple(MONITORS)

@@ -18,6 +18,7 @@ from closedloop.monitor_catalog import WARN_ONLY_MONITORS
 from closedloop.monitors import (
     anomaly_rates,
     canary,
+    episode_gaming,
     format_only_wins,
     grpo_health,
     length_inflation,
@@ -42,7 +43,7 @@ class Monitor:
 # Imported here, not loaded by name from the catalog's entries: the import walk that derives each DVC
 # stage's code dependencies (closedloop/pipeline.py) sees these lines.
 _MODULES: dict[str, ModuleType] = {module.__name__: module for module in (
-    anomaly_rates, canary, format_only_wins, grpo_health, length_inflation, proxy_gold_divergence,
+    anomaly_rates, canary, episode_gaming, format_only_wins, grpo_health, length_inflation, proxy_gold_divergence,
     reward_shift, verifier_shift,
 )}
 

@@ -21,7 +21,8 @@ TASK = {"code": "tests_passed", "extract": "fields"}
 
 def batch(iteration: int, seed: int = 0, *, envs=("code", "extract"), tasks=16, k=4, pass_rate=0.5,
           surface_fail=0.6, fail_extra=0, timeout_rate=0.0, verifier=None, pass_at_1=0.5, grpo=False,
-          equal_groups=False, entropy=1.0, canary_changes=0) -> IterationData:
+          equal_groups=False, entropy=1.0, canary_changes=0, episodes=False, lost_rate=0.0,
+          echo_rate=0.0) -> IterationData:
     """One iteration's records, drawn from a policy described by the knobs; two calls with the same
     knobs and different seeds are two normal iterations of the same policy."""
     rng = random.Random(seed * 1000 + iteration)
@@ -49,6 +50,9 @@ def batch(iteration: int, seed: int = 0, *, envs=("code", "extract"), tasks=16, 
                 rewards.append({"sample_id": sample_id, "task_id": task_id, "env": env, "components": parts,
                                 "reward": reward, "passed": passed, "status": status,
                                 "feedback_sources": {f"verifier:{env}": version, "combiner": "c1"}})
+                if episodes:  # sample.rounds 3: what later rounds did on the hidden checks
+                    rewards[-1]["episode"] = {"rounds": 3, "hidden_lost": rng.random() < lost_rate,
+                                              "echoed": int(rng.random() < echo_rate)}
                 rollouts.append({"sample_id": sample_id, "token_ids": [1] * 8,
                                  "logprobs": [-rng.uniform(0.5, 1.5) * entropy for _ in range(8)]})
         for t in range(4):
@@ -74,7 +78,7 @@ class TestNormalBatches:
     def test_a_normal_pair_trips_nothing(self, seed):
         # the same policy twice (GRPO, so grpo_health judges too): every monitor ok or skipped with a reason
         history = [batch(1, seed, grpo=True), batch(2, seed, grpo=True)]
-        found = results(batch(3, seed, grpo=True), history)
+        found = results(batch(3, seed, grpo=True, episodes=True), history)
         assert list(found) == list(MONITOR_NAMES)
         for name, result in found.items():
             assert result.verdict == "ok", f"{name}: {result.message}"
@@ -135,6 +139,10 @@ class TestEachMonitorTrips:
         ("anomaly_rates", dict(timeout_rate=0.3), "fail", "/timeout at"),
         # a stored completion scores differently today
         ("canary", dict(canary_changes=1), "fail", "1 of 16 canary completions"),
+        # episodes whose later rounds undo what an earlier round had right on the hidden checks
+        ("episode_gaming", dict(episodes=True, lost_rate=0.4), "fail", "lost a hidden-check pass"),
+        # later attempts that quote the feedback they were shown
+        ("episode_gaming", dict(episodes=True, echo_rate=0.4), "fail", "quoted the feedback"),
     ])
     def test_tripped(self, name, current, verdict, said):
         grpo = current.get("grpo", False)
@@ -153,6 +161,8 @@ class TestEachMonitorTrips:
         ("length_inflation", dict(fail_extra=0)),
         # a timeout here and there, as before
         ("anomaly_rates", dict(timeout_rate=0.01)),
+        # an episode that loses a pass now and then
+        ("episode_gaming", dict(episodes=True, lost_rate=0.01)),
     ])
     def test_near_misses_stay_ok(self, name, current):
         history = [batch(1, 9), batch(2, 9)]
