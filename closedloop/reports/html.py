@@ -144,6 +144,33 @@ def _pass_at_1(data) -> str:
                     _table(["iteration", "candidate pass@1", "champion pass@1 (compared with)"], rows, {1, 2}))
 
 
+def _rounds(data) -> str:
+    """Episodes (sample.rounds > 1): pass@1 after each round, the candidate's per environment, beside the
+    champion's overall; nothing for single attempts."""
+    evaluation = data.evaluation or {}
+    rounds = evaluation.get("candidate", {}).get("rounds")
+    if not rounds:
+        return ""
+    by_round = rounds["by_round"]
+    points = {"overall": [(r, s["overall"]["pass@1"]) for r, s in enumerate(by_round, start=1)]}
+    for env in by_round[0]["envs"]:
+        points[env] = [(r, s["envs"][env]["pass@1"]) for r, s in enumerate(by_round, start=1)]
+    champion_rounds = evaluation.get("champion", {}).get("rounds", {}).get("by_round", [])
+    champion = [(r, s["overall"]["pass@1"]) for r, s in enumerate(champion_rounds, start=1)]
+    labels = {r: str(r) for r in range(1, len(by_round) + 1)}
+    figure = _img(report_plots.pass_at_1_lines(points, champion, "candidate pass@1 after each round", labels,
+                                               xlabel="round of the episode"),
+                  "benchmark pass@1 after each round of the episodes")
+    rows = [[str(r), _num(by_round[r - 1]["overall"]["pass@1"]),
+             _num(champion[r - 1][1]) if r <= len(champion) else "—"] for r in labels]
+    correction = rounds["correction_rate"]
+    note = (f"<p>The gate decided on round {len(by_round)}. Of the candidate's failed first attempts "
+            f"{correction['fixed']} of {correction['failed_first']} were fixed in a later round "
+            f"({_num(correction['rate'])}).</p>")
+    return _section("Episodes: pass@1 after each round", note, figure,
+                    _table(["after round", "candidate pass@1", "champion pass@1"], rows, {1, 2}))
+
+
 def _batch(data) -> str:
     if not data.rewards:
         return _section("This iteration's batch", '<p class="note">No reward rows recorded.</p>')
@@ -242,5 +269,5 @@ def render(data) -> str:
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body><main>"
             f"<h1>{escape(title)}</h1><p class=\"sub\">{escape(subtitle)}</p>"
-            + _gate(data) + _monitors(data) + _pass_at_1(data) + _batch(data) + _lineage(data)
+            + _gate(data) + _rounds(data) + _monitors(data) + _pass_at_1(data) + _batch(data) + _lineage(data)
             + '<p class="note">Written by <code>closedloop report</code>.</p></main></body></html>\n')

@@ -48,7 +48,7 @@ def png(fig) -> bytes:
 
 
 def pass_at_1_lines(points: dict[str, list[tuple[int, float]]], champion: list[tuple[int, float]],
-                    title: str, labels: dict[int, str]) -> bytes:
+                    title: str, labels: dict[int, str], xlabel: str = "iteration (candidate model)") -> bytes:
     """pass@1 across iterations, one line per environment (or slice): ``points`` name → [(iteration,
     pass@1)], ``overall`` drawn thick and black; ``champion`` the overall pass@1 of the model each
     candidate was measured against (dashed); ``labels`` iteration → its tick text."""
@@ -74,7 +74,7 @@ def pass_at_1_lines(points: dict[str, list[tuple[int, float]]], champion: list[t
     ticks = sorted(labels)
     ax.set_xticks(ticks, [labels[i] for i in ticks])
     ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("iteration (candidate model)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("benchmark pass@1")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -129,3 +129,18 @@ def test_gate_report_links_the_page(summary, expected):
                                 **summary})
     (line,) = [line for line in text.splitlines() if line.startswith("- report page: ")]
     assert expected in line and "secret" not in text
+
+
+def test_episodes_show_pass_at_1_after_each_round_as_a_figure_and_a_table():
+    from closedloop.reports.html import render
+
+    by_round = [{**SUMMARY, "overall": {**SUMMARY["overall"], "pass@1": value}} for value in (0.25, 0.375, 0.5)]
+    rounds = {"by_round": by_round, "correction_rate": {"failed_first": 6, "fixed": 2, "rate": 1 / 3}}
+    champion_rounds = {"by_round": by_round[:1] * 3, "correction_rate": {"failed_first": 6, "fixed": 0, "rate": 0.0}}
+    page = render(_page(evaluation={"candidate": {"summary": SUMMARY, "rounds": rounds},
+                                    "champion": {"summary": SUMMARY, "rounds": champion_rounds}}))
+    assert "Episodes: pass@1 after each round" in page and "The gate decided on round 3" in page
+    assert "2 of 6 were fixed in a later round" in page
+    assert len(_pngs(page)) == 5  # the round curve beside the four figures of every page
+    assert re.search(r"<td[^>]*>3</td><td[^>]*>0\.500</td><td[^>]*>0\.250</td>", page)
+    assert "Episodes" not in render(_page())  # single attempts: no such section
