@@ -104,7 +104,7 @@ def test_a_burst_of_timeouts_against_the_saved_iteration_fails_anomaly_rates(ws)
     # the rewards the timeouts zeroed move the reward distribution too; nothing is named to hold
     assert "anomaly_rates" in report["failing"] and report["holding"] == []
     assert set(monitors_of(ws)) == {"reward_shift", "verifier_shift", "proxy_gold_divergence", "length_inflation",
-                                    "format_only_wins", "grpo_health", "anomaly_rates", "canary"}
+                                    "format_only_wins", "grpo_health", "anomaly_rates", "episode_gaming", "canary"}
     numbers = read_json(ws.metrics("monitors"))
     assert numbers["anomaly_rates"]["verdict_code"] == 2 and numbers["anomaly_rates"]["value"] == pytest.approx(0.4)
     assert numbers["grpo_health"]["verdict_code"] == -1  # an rft iteration: skipped, and said so
