@@ -68,8 +68,9 @@ def column_specs(table: str, columns: dict[str, str]) -> list[Spec]:
     return specs
 
 
-def suite_specs(k: int) -> list[Spec]:
-    """The whole suite as data, in a stable order (the fingerprint hashes it)."""
+def suite_specs(k: int, rounds: int = 1) -> list[Spec]:
+    """The whole suite as data, in a stable order (the fingerprint hashes it). With episodes
+    (``rounds`` > 1) every graded row also says how many rounds its episode used, 1 to ``rounds``."""
     between = "ExpectColumnValuesToBeBetween"
     specs = column_specs("graded", GRADED_COLUMNS) + [
         Spec("graded", "ExpectColumnValuesToBeUnique", {"column": "sample_id"}),
@@ -89,6 +90,10 @@ def suite_specs(k: int) -> list[Spec]:
         Spec("graded", "ExpectColumnPairValuesToBeEqual", {"column_A": "bucket", "column_B": "expected_bucket"}),
         Spec("graded", "ExpectColumnValuesToBeNull", {"column": "orphan_task_id"}),
     ]
+    if rounds > 1:
+        specs += column_specs("graded", {"rounds": "int"}) + [
+            Spec("graded", between, {"column": "rounds", "min_value": 1, "max_value": rounds}),
+        ]
     specs += column_specs("tasks", TASKS_COLUMNS) + [
         Spec("tasks", "ExpectColumnValuesToBeUnique", {"column": "task_id"}),
     ]
@@ -105,9 +110,9 @@ def suite_specs(k: int) -> list[Spec]:
     return specs
 
 
-def suite_fingerprint(k: int) -> str:
+def suite_fingerprint(k: int, rounds: int = 1) -> str:
     """Short sha256 of the suite definition: the validator's version in lineage."""
     payload = json.dumps(
-        [[s.table, s.expectation, s.kwargs] for s in suite_specs(k)], sort_keys=True, separators=(",", ":")
+        [[s.table, s.expectation, s.kwargs] for s in suite_specs(k, rounds)], sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]

@@ -206,7 +206,7 @@ def _failures(table: str, res: Any) -> list[tuple[ExpectationFailure, bool]]:
     return [(ExpectationFailure(table, kind, column, text), error is not None)]
 
 
-def validate_batch(graded: Any, tasks: Any, fixes: Any, *, k: int, docs_dir: Path) -> ValidationReport:
+def validate_batch(graded: Any, tasks: Any, fixes: Any, *, k: int, docs_dir: Path, rounds: int = 1) -> ValidationReport:
     """Validate one batch's tables against the suite and write the GX Data Docs site to docs_dir."""
     import great_expectations as gx
     import great_expectations.expectations as gxe
@@ -218,7 +218,7 @@ def validate_batch(graded: Any, tasks: Any, fixes: Any, *, k: int, docs_dir: Pat
     context = _context(docs_dir)
     source = context.data_sources.add_pandas("closedloop")
     by_table: dict[str, list[Spec]] = {}
-    for spec in suite_specs(k):
+    for spec in suite_specs(k, rounds):
         by_table.setdefault(spec.table, []).append(spec)
 
     evaluated = 0

@@ -53,7 +53,7 @@ def feedback_sources(params: Params) -> dict[str, str]:
     sources["combiner"] = source_version(combine, _combiner_config(weights, params))
     for source in users:
         sources[f"source:{source.name}"] = source.version
-    sources["validator:batch"] = suite_fingerprint(params.sample.k)
+    sources["validator:batch"] = suite_fingerprint(params.sample.k, params.sample.rounds)
     return sources
 
 

@@ -86,6 +86,8 @@ def graded_row(sample: dict, reward: dict) -> dict:
         # The bucket stays what the checks say (the batch validation rebuilds it from them), but a
         # pass people scored below 0.5 (wrong, reward hacking) is not learnt from: grading.py skips it.
         "human_veto": human_veto(reward["components"].get("human")),
+        # episodes only (single attempts keep today's rows): the rounds the episode used
+        **({"rounds": sample["episode"]["rounds"]} if "episode" in sample else {}),
     }
 
 

@@ -28,7 +28,8 @@ def run(ctx: StageContext) -> dict:
         read_jsonl(ctx.ws.fixes),
         columns=["pair_id", "task_id", "failed_sample_id", "fixed_sample_id", "prompt", "completion"],
     )
-    report = validate_batch(graded, tasks, fixes, k=ctx.params.sample.k, docs_dir=ctx.ws.validation_dir / "docs")
+    report = validate_batch(graded, tasks, fixes, k=ctx.params.sample.k, docs_dir=ctx.ws.validation_dir / "docs",
+                            rounds=ctx.params.sample.rounds)
     write_json(ctx.ws.validation_report, report.to_dict())
     if not report.success:
         raise BatchValidationError(

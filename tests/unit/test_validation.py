@@ -142,6 +142,21 @@ class TestValidateBatch:
         failure = _find(report, "per_task", "expect_column_values_to_be_between", "n_samples")
         assert "e.g. [0] at task_id ['t9']" in failure.details
 
+    def test_episodes_say_how_many_rounds_each_used_within_sample_rounds(self, tmp_path: Path) -> None:
+        from closedloop.batch_suite import suite_fingerprint
+
+        graded, tasks, fixes = make_batch()
+        graded["rounds"] = [1 + i % 3 for i in range(len(graded))]
+        report = validate_batch(graded, tasks, fixes, k=K, docs_dir=tmp_path / "ok", rounds=3)
+        assert report.success, report.summary()
+        graded.loc[0, "rounds"] = 4
+        report = validate_batch(graded, tasks, fixes, k=K, docs_dir=tmp_path / "over", rounds=3)
+        assert "e.g. [4]" in _find(report, "graded", "expect_column_values_to_be_between", "rounds").details
+        report = validate_batch(graded.drop(columns=["rounds"]), tasks, fixes, k=K, docs_dir=tmp_path / "gone", rounds=3)
+        assert _find(report, "graded", "expect_table_columns_to_match_set", "rounds").details == "column is missing"
+        # single attempts: the suite, and so the validator's version, as before episodes existed
+        assert suite_fingerprint(K) == suite_fingerprint(K, 1) != suite_fingerprint(K, 3)
+
     def test_missing_column_is_one_clear_failure(self, tmp_path: Path) -> None:
         graded, tasks, fixes = make_batch()
         report = validate_batch(graded.drop(columns=["reward"]), tasks, fixes, k=K, docs_dir=tmp_path)
