@@ -28,6 +28,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory):
     uri = tracking.configure(ws, None, EXPERIMENT)
     yield ws, uri
     mlflow.set_tracking_uri(saved_uri)
+    # set_tracking_uri exports MLFLOW_TRACKING_URI too: left set, the tests after these (test_preflight's
+    # store checks) would resolve to this module's store.
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
     if saved_env is not None:
         os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
