@@ -170,15 +170,15 @@ def test_a_killed_worker_s_shard_runs_again_with_the_same_result(warm, local_ws,
 
 def test_a_worker_killed_in_an_episode_s_second_round_is_retried_with_the_same_episodes(warm, ray_cluster, tmp_path,
                                                                                         monkeypatch):
-    """sample.rounds 3 on Ray, 3 shards: the sampler worker of shard 1 dies after sampling it in round 2
+    """sample.rounds 2 on Ray, 3 shards: the sampler worker of shard 1 dies after sampling it in round 2
     (the arrivals before, round 1's sampling and round 2's measuring of the transcripts, pass), the
     shard runs again, and the episodes are those of one local process with no fault."""
-    local = _batch_of(warm, tmp_path / "local", stages=("sample",), rounds=3, backend="local", shards=1)
+    local = _batch_of(warm, tmp_path / "local", stages=("sample",), rounds=2, backend="local", shards=1)
     marker = tmp_path / "killed"
     monkeypatch.setenv("CLOSEDLOOP_FAULT", "shard:SampleWorker:1")
     monkeypatch.setenv("CLOSEDLOOP_FAULT_MARKER", str(marker))
     monkeypatch.setenv("CLOSEDLOOP_FAULT_SKIP", "2")
-    batch = _batch_of(warm, tmp_path / "ws", stages=("sample",), rounds=3, backend="ray", shards=3,
+    batch = _batch_of(warm, tmp_path / "ws", stages=("sample",), rounds=2, backend="ray", shards=3,
                       ray={"workers": 2, "retries": 1})
     assert marker.exists() and Path(f"{marker}.skip1").exists(), "the fault did not fire in a later round"
     _assert_same_batch(batch, local)
