@@ -59,9 +59,11 @@ def run(ctx: StageContext) -> dict:
             for name, figures in summary[group].items():
                 metrics[f"{role}_pass@1/{name}"] = figures["pass@1"]
         if "rounds" in result:  # episodes: pass@1 after each round, and how often later rounds fixed the first
-            for number, by_round in enumerate(result["rounds"]["by_round"], start=1):
-                metrics[f"{role}_pass@1/round_{number}"] = by_round["overall"]["pass@1"]
-            metrics[f"{role}_correction_rate"] = result["rounds"]["correction_rate"]["rate"]
+            # (MLflow: stage/evaluate/rounds.<role>.pass_at_1.<round>, one chart per round across iterations)
+            metrics.setdefault("rounds", {})[role] = {
+                "pass@1": {str(number): by_round["overall"]["pass@1"]
+                           for number, by_round in enumerate(result["rounds"]["by_round"], start=1)},
+                "correction_rate": result["rounds"]["correction_rate"]["rate"]}
     metrics["confirmed_groups"] = len(confirmation["groups"]) if confirmation else 0
     return metrics
 

@@ -568,7 +568,13 @@ def test_evaluation_reports_pass_at_1_after_each_round_and_the_correction_rate(e
         rounds = evaluation[role]["rounds"]
         assert len(rounds["by_round"]) == 3
         assert rounds["by_round"][-1] == evaluation[role]["summary"]  # the gate decides on all rounds
-        assert [metrics[f"{role}_pass@1/round_{r}"] for r in (1, 2, 3)] == \
+        assert [metrics["rounds"][role]["pass@1"][str(r)] for r in (1, 2, 3)] == \
+            [s["overall"]["pass@1"] for s in rounds["by_round"]]
+        # and so in the iteration's MLflow run, one chart per round across iterations
+        from closedloop.lineage.run_metrics import stage_figures
+
+        figures = stage_figures("evaluate", metrics)
+        assert [figures[f"stage/evaluate/rounds.{role}.pass_at_1.{r}"] for r in (1, 2, 3)] == \
             [s["overall"]["pass@1"] for s in rounds["by_round"]]
         correction = rounds["correction_rate"]
         assert 0 <= correction["fixed"] <= correction["failed_first"]
