@@ -190,6 +190,11 @@ class RewardParams(Section):
     sources: dict[str, FeedbackSourceParams] = Field(
         default_factory=dict, description="Users' feedback sources by name, beside the verifiers and human labels.",
     )
+    round_cost: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="Episodes (sample.rounds > 1): taken from an episode's reward per round after the first "
+                    "(never below 0), so a first-attempt pass earns most; 0: rounds are free.",
+    )
 
     @field_validator("sources")
     @classmethod

@@ -74,8 +74,8 @@ def run(ctx: StageContext) -> dict:
         except (LabelsError, FeedbackSourceError) as error:
             raise StageError(str(error)) from None
         if episodes:
-            rows = [{**row, "episode": episode_row(sample, task_of[sample["task_id"]], verifiers)}
-                    for row, sample in zip(rows, samples)]
+            rows = [with_episode(row, episode_row(sample, task_of[sample["task_id"]], verifiers),
+                                 ctx.params.reward.round_cost) for row, sample in zip(rows, samples)]
         checked = check_known_hacks(hacks, verifiers, weights_of, version_of)
         # The benchmark canary: fixed completions under today's verifiers (a change is a verifier's).
         started = time.perf_counter()
@@ -104,6 +104,15 @@ def run(ctx: StageContext) -> dict:
         "isolation": isolation,
         "feedback_sources": {**versions, **named},
     }
+
+
+def with_episode(row: dict, episode: dict, round_cost: float) -> dict:
+    """The reward row of an episode: its per-round signals, and with ``reward.round_cost`` the reward
+    less that cost per round after the first (the combined reward before it kept as reward_before_rounds)."""
+    if not round_cost or episode["rounds"] == 1:
+        return {**row, "episode": episode}
+    reward = round(max(0.0, row["reward"] - round_cost * (episode["rounds"] - 1)), 6)
+    return {**row, "reward": reward, "episode": {**episode, "reward_before_rounds": row["reward"]}}
 
 
 def episode_row(sample: dict, hidden: Task, verifiers) -> dict:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from closedloop.config import ConfigError, load_params
-from closedloop.io import read_json, read_jsonl, replace_dir
+from closedloop.io import read_json, read_jsonl, replace_dir, write_jsonl
 from closedloop.stage_files import stage_result
 from closedloop.stages.common import StageError, run_stage
 from closedloop.workspace import Workspace
@@ -603,3 +603,31 @@ def test_an_episode_whose_transcript_would_overflow_the_context_stops_and_says_s
         episode = sample["episode"]
         following = episode_prompt(tasks[sample["task_id"]]["prompt"], list(zip(episode["attempts"], episode["feedback"])))
         assert len(tokenizer(following)["input_ids"]) + 400 > 512
+
+
+def test_reward_round_cost_takes_its_cost_per_round_after_the_first(episodes, tmp_path):
+    """Episodes whose second attempt is the task's reference: full reward free, 0.1 less at
+    reward.round_cost 0.1; the verdict stays the checks'."""
+    import yaml
+
+    tasks = {t["task_id"]: t for t in read_jsonl(episodes.tasks)}
+    rewarded = {}
+    for cost in (0.0, 0.1):
+        scratch = tmp_path / f"cost-{cost}"
+        shutil.copytree(episodes.root, scratch)
+        rows = []
+        for sample in read_jsonl(episodes.samples):
+            reference, episode = tasks[sample["task_id"]]["reference"], sample["episode"]
+            rows.append({**sample, "completion": reference, "episode": {
+                **episode, "rounds": 2, "stop": "passed", "attempts": [episode["attempts"][0], reference],
+                "visible_passed": [False, True], "feedback": [episode["feedback"][0], "passed the visible checks"]}})
+        write_jsonl(scratch / "data/batch/samples.jsonl", rows)
+        data = yaml.safe_load((scratch / "params.yaml").read_text())
+        data["reward"]["round_cost"] = cost
+        (scratch / "params.yaml").write_text(yaml.safe_dump(data))
+        run_stage("reward", scratch)
+        rewarded[cost] = read_jsonl(Workspace.at(scratch).rewards)
+    assert all(row["passed"] and row["reward"] == 1.0 for row in rewarded[0.0])
+    for free, costly in zip(rewarded[0.0], rewarded[0.1]):
+        assert costly["reward"] == 0.9 and costly["episode"]["reward_before_rounds"] == free["reward"]
+        assert costly["passed"] and costly["episode"]["hidden_passed"] == free["episode"]["hidden_passed"] == [False, True]
