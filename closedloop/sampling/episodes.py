@@ -3,10 +3,11 @@ show the model what they said, and sample again, until the visible checks pass, 
 the next transcript would not fit the model's context.
 
 Rounds are batched across episodes: every open episode's round r is sampled at once (one sampling run
-on the executor's workers, the model loaded once per round), then verified at once in the sandbox
-pools, then round r + 1. The verifier workers are closed before the next round's samplers start, as
-the evaluate stage does, so both never need the cluster at the same time (a 2-CPU local Ray fits
-either, not both).
+on the executor's workers), then verified at once in the sandbox pools, then round r + 1. With local
+processes the samplers live for all the rounds (the model, or a managed inference server, loaded
+once). On Ray they live for one round, and the verifier workers are closed before the next round's
+samplers start, as the evaluate stage does, so both never need the cluster at the same time (a 2-CPU
+local Ray fits either, not both).
 
 What the model reads after a failed attempt is envs.episodes.shown_feedback of the visible checks'
 verdict: never a value that only the hidden checks hold. The reward stage scores the final attempt on
@@ -17,6 +18,7 @@ position among the open ones, so the same inputs give the same episodes.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,13 +85,24 @@ def run_episodes(executor: Any, params: Any, model_dir: Path, tasks: list[Task],
 
     checks = {task.task_id: episode_checks(verifiers.env(task.env), task) for task in tasks}
     episodes = [[Episode(task, j) for j in range(k)] for task in tasks]
+    with ExitStack() as held:
+        # Local processes: one pool of samplers for every round (the model, or a managed server, loaded
+        # once). On Ray each round's samplers go before its verifiers start (see the module docstring).
+        shared = held.enter_context(open_sampling(executor, params, model_dir)) if executor.backend == "local" else None
+        return _rounds(executor, params, model_dir, tasks, episodes, checks, shared, k=k, seed=seed,
+                       batch_size=batch_size, rounds=rounds, verifiers=verifiers, progress=progress)
+
+
+def _rounds(executor: Any, params: Any, model_dir: Path, tasks: list[Task], episodes: list[list[Episode]],
+            checks: dict, shared: Any, *, k: int, seed: int, batch_size: int, rounds: int, verifiers: Any,
+            progress: bool) -> EpisodeRun:
     open_ = [episode for row in episodes for episode in row]
     per_round, sampled_rows, wall = [], [], 0.0
     logprobs, prompt_format, shards = False, None, 0
     for number in range(1, rounds + 1):
         if not open_:
             break
-        with open_sampling(executor, params, model_dir) as sampling:
+        with nullcontext(shared) if shared is not None else open_sampling(executor, params, model_dir) as sampling:
             if number == 1:
                 prompt_format = sampling.measure([tasks[0].prompt] if tasks else []).prompt_format
                 sampled = sampling.sample([t.prompt for t in tasks], [t.task_id for t in tasks], k=k,
