@@ -39,7 +39,8 @@ def evaluate_policy(
     if rounds > 1:
         run = run_episodes(executor or LocalExecutor(), params, model_dir, tasks, k=samples_per_task, seed=seed,
                            batch_size=batch_size, rounds=rounds, verifiers=verifiers, progress=progress)
-        by_round, stats = passes_by_round(run.episodes, rounds, verifiers), run.stats
+        hidden = hidden_verdicts(run.episodes, verifiers)
+        by_round, stats = passes_by_round(run.episodes, rounds, hidden), run.stats
         passes = by_round[-1]
     else:
         sampled = sample_sharded(executor or LocalExecutor(), params, model_dir, [task.prompt for task in tasks],
@@ -60,7 +61,7 @@ def evaluate_policy(
         # stand beside it.
         result["rounds"] = {"by_round": [summarize(_per_task(tasks, samples_per_task, p)) for p in by_round],
                             "per_task_by_round": by_round,
-                            "correction_rate": correction_rate(run.episodes, verifiers),
+                            "correction_rate": correction_rate(hidden),
                             "per_round": run.per_round}
     return result
 
@@ -69,8 +70,9 @@ def _per_task(tasks: list[Task], n: int, passes: dict[str, int]) -> list[dict]:
     return [{"task_id": t.task_id, "env": t.env, "slice": t.slice, "n": n, "c": passes[t.task_id]} for t in tasks]
 
 
-def _hidden_verdicts(episodes: list[list[Episode]], verifiers: Any) -> dict[tuple[int, int], list[bool]]:
-    """Each episode's attempts on the hidden checks (the checks the reward and the benchmark count)."""
+def hidden_verdicts(episodes: list[list[Episode]], verifiers: Any) -> dict[tuple[int, int], list[bool]]:
+    """Each episode's attempts on the hidden checks (the checks the reward and the benchmark count),
+    by (task position, episode index)."""
     hidden = {row[0].task.task_id: episode_checks(verifiers.env(row[0].task.env), row[0].task).hidden
               for row in episodes if row}
     verifiers.prefetch((e.task.env, hidden[e.task.task_id], a.completion.text)
@@ -84,10 +86,10 @@ def _hidden_verdicts(episodes: list[list[Episode]], verifiers: Any) -> dict[tupl
     return found
 
 
-def passes_by_round(episodes: list[list[Episode]], rounds: int, verifiers: Any) -> list[dict[str, int]]:
-    """Passing episodes per task after 1, 2, ..., ``rounds`` rounds: an episode that stopped early keeps
-    its last attempt for the rounds it did not use."""
-    verdicts = _hidden_verdicts(episodes, verifiers)
+def passes_by_round(episodes: list[list[Episode]], rounds: int,
+                    verdicts: dict[tuple[int, int], list[bool]]) -> list[dict[str, int]]:
+    """Passing episodes per task after 1, 2, ..., ``rounds`` rounds (``verdicts``: hidden_verdicts'): an
+    episode that stopped early keeps its last attempt for the rounds it did not use."""
     out = []
     for r in range(1, rounds + 1):
         out.append({row[0].task.task_id: sum(verdicts[(i, e.index)][min(r, len(e.attempts)) - 1] for e in row)
@@ -95,9 +97,8 @@ def passes_by_round(episodes: list[list[Episode]], rounds: int, verifiers: Any) 
     return out
 
 
-def correction_rate(episodes: list[list[Episode]], verifiers: Any) -> dict[str, float]:
+def correction_rate(verdicts: dict[tuple[int, int], list[bool]]) -> dict[str, float]:
     """Of the episodes whose first attempt failed the hidden checks, the share whose final attempt passed."""
-    verdicts = _hidden_verdicts(episodes, verifiers)  # already verified: read from the verifiers' cache
     failed_first = [v for v in verdicts.values() if not v[0]]
     fixed = sum(v[-1] for v in failed_first)
     return {"failed_first": len(failed_first), "fixed": fixed,
