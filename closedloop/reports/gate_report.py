@@ -88,7 +88,8 @@ def decision_sentence(gate: Mapping[str, Any], champion_version: str | None) -> 
     """
     champion = version_label(champion_version, "the champion")
     champ, cand = gate["champion"]["overall"]["pass@1"], gate["candidate"]["overall"]["pass@1"]
-    overall = f"benchmark pass@1 {cand:.3f} vs champion {champion} {champ:.3f} ({pp(cand - champ)})"
+    against = f"champion {champion}" if champion_version else champion  # never "champion the champion"
+    overall = f"benchmark pass@1 {cand:.3f} vs {against} {champ:.3f} ({pp(cand - champ)})"
     reason = untrained_reason(gate)
     if reason:
         return f"Held: the candidate was not trained ({reason}); it is {champion} unchanged, so it was not registered."

@@ -198,3 +198,8 @@ class TestRunLink:
                                          (-0.00001, "+0.0 pp")])  # a rounding zero is not negative
 def test_pp(delta, text) -> None:
     assert pp(delta) == text
+
+
+def test_a_champion_without_a_registry_version_is_named_once() -> None:
+    sentence = decision_sentence(_gate(CHAMPION, BETTER), None)
+    assert " vs the champion 0." in sentence and "champion the champion" not in sentence
