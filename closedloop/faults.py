@@ -8,6 +8,7 @@ look-up. The points:
 - ``stage:<name>``: a stage's outputs are written but not yet recorded in dvc.lock;
 - ``train:checkpoint``: the train stage saved its first checkpoint, mid-training;
 - ``train:round``: grpo's on-policy rounds: a round finished and its policy is saved, the next not begun;
+- ``sample:round``: episodes (``sample.rounds``): a round sampled and verified, the next not begun;
 - ``version:exp-save``: while ``dvc exp save`` runs (``CLOSEDLOOP_FAULT_DELAY_S`` after it started);
 - ``version:mlflow-log``: the iteration's MLflow run is open and half logged;
 - ``version:register``: the candidate is registered, no alias moved yet.

@@ -84,12 +84,76 @@ def episode_prompt(task_prompt: str, attempts: list[tuple[str, str]]) -> str:
     """The raw transcript a round after the first is sampled on: each earlier attempt with the feedback
     on it, then the task again. One attempt gives a failure→fix pair's prompt, so a policy trained on
     those pairs reads a transcript in a form it knows."""
-    transcript = task_prompt
+    return _raw_transcript(task_prompt, attempts)[0]
+
+
+def _raw_transcript(task_prompt: str, attempts: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """episode_prompt's text, and where in it each attempt's own text lies (character offsets)."""
+    transcript, spans = task_prompt, []
     for attempt, feedback in attempts:
+        spans.append((len(transcript), len(transcript) + len(attempt)))
         attempt = attempt if attempt.endswith("\n") else attempt + "\n"
         note = " ".join(feedback.split())[:200] or "the tests failed"
         transcript += f"{attempt}# Error: {note}\n# Corrected:\n{task_prompt}"
-    return transcript
+    return transcript, spans
+
+
+def transcript_tokens(fmt: PromptFormat, tokenizer: Any, task_prompt: str,
+                      attempts: list[tuple[str, str]]) -> tuple[Prompt, list[int], list[tuple[int, int] | None]]:
+    """An episode's transcript after the earlier ``attempts`` (attempt, feedback shown): the prompt its
+    next round is sampled on (raw text, or chat turns), that prompt's token ids (``fmt.encode``), and for
+    each attempt the positions [start, end) of the tokens that are the model's own: those whose visible
+    characters lie inside the attempt's text (None where there are none). Everything else (the task, the
+    feedback, the template's markup) is context.
+
+    A raw transcript places each attempt where episode_prompt put it; a chat template's rendering is
+    searched for each assistant turn in order, after the task's turn (an attempt the template rewrote
+    is not found, and gets no span). A slow tokenizer has no offsets: then no attempt gets a span."""
+    if fmt.kind == "raw":
+        prompt, chars = _raw_transcript(task_prompt, attempts)
+        text = fmt.render(tokenizer, prompt)
+    else:
+        prompt = episode_turns(task_prompt, attempts)
+        text = fmt.render(tokenizer, prompt)
+        first = text.find(task_prompt)
+        chars = _located(text, [attempt.strip() for attempt, _ in attempts],
+                         start=first + len(task_prompt) if first >= 0 else 0)
+    try:
+        encoded = tokenizer(text, add_special_tokens=fmt.add_special_tokens, return_offsets_mapping=True)
+    except NotImplementedError:  # a slow (Python) tokenizer has no offsets
+        return (prompt, list(tokenizer(text, add_special_tokens=fmt.add_special_tokens)["input_ids"]),
+                [None] * len(attempts))
+    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+    spans: list[tuple[int, int] | None] = []
+    for where in chars:
+        inside = [i for i, (s, e) in enumerate(offsets) if where and _within(text, s, e, *where)]
+        spans.append((inside[0], inside[-1] + 1) if inside else None)
+    return prompt, ids, spans
+
+
+def _within(text: str, start: int, end: int, lo: int, hi: int) -> bool:
+    """Whether the token at text[start:end] is the attempt's at text[lo:hi]: wholly inside it, or its
+    visible characters are (a byte-level token carries the whitespace before it)."""
+    if end <= start:
+        return False  # a special token has no characters of its own
+    if lo <= start and end <= hi:
+        return True
+    piece = text[start:end]
+    visible = piece.strip()
+    first = start + (len(piece) - len(piece.lstrip()))
+    return bool(visible) and lo <= first and first + len(visible) <= hi
+
+
+def _located(text: str, attempts: list[str], *, start: int) -> list[tuple[int, int] | None]:
+    """Each attempt's character span in ``text``, searched in order from ``start`` (None: not found, or
+    empty)."""
+    spans: list[tuple[int, int] | None] = []
+    cursor = start
+    for attempt in attempts:
+        at = text.find(attempt, cursor) if attempt else -1
+        spans.append((at, at + len(attempt)) if at >= 0 else None)
+        cursor = at + len(attempt) if at >= 0 else cursor
+    return spans
 
 
 def template_hash(tokenizer: Any) -> str | None:

@@ -25,7 +25,8 @@ from typing import Any
 
 from closedloop.envs.base import Task
 from closedloop.envs.episodes import episode_checks, shown_feedback
-from closedloop.models.prompts import Prompt, episode_prompt, episode_turns
+from closedloop.faults import fault_point
+from closedloop.models.prompts import Prompt, PromptFormat, episode_prompt, episode_turns, transcript_tokens
 from closedloop.sampling.base import Completion, SamplingStats
 from closedloop.sampling.shards import open_sampling
 
@@ -59,6 +60,27 @@ class Episode:
                 "visible_passed": [a.visible_passed for a in self.attempts],
                 "feedback": [a.feedback for a in self.attempts],
                 "completion_tokens": [a.completion.completion_tokens for a in self.attempts]}
+
+    def transcript_rollout(self, fmt: PromptFormat, tokenizer: Any) -> dict[str, Any] | None:
+        """What grpo needs to train the whole episode as one sequence (rollouts.jsonl's ``episode``): the
+        final attempt's transcript as token ids, the spans of them that are the model's earlier attempts
+        (trained; the rest, the task and the feedback, get no gradient), and each span's sampling
+        log-probabilities where its tokens are the ones sampled (else null: the trainer computes them
+        under the champion, the policy that sampled them). None for a one-round episode."""
+        earlier = self.attempts[:-1]
+        if not earlier:
+            return None
+        prompt, ids, spans = transcript_tokens(fmt, tokenizer, self.task.prompt,
+                                               [(a.completion.text, a.feedback) for a in earlier])
+        if prompt != self.final.prompt:
+            raise ValueError(f"episode {self.task.task_id}#{self.index}: its transcript renders differently "
+                             "from the prompt its final round was sampled on")
+        located = [(span, a.completion) for span, a in zip(spans, earlier) if span is not None]
+        span_logprobs = []
+        for (start, end), sampled in located:
+            same = sampled.logprobs is not None and list(sampled.token_ids[:end - start]) == ids[start:end]
+            span_logprobs.append([round(lp, 6) for lp in sampled.logprobs[:end - start]] if same else None)
+        return {"prompt_ids": ids, "model_spans": [list(span) for span, _ in located], "span_logprobs": span_logprobs}
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,8 @@ def _rounds(executor: Any, params: Any, model_dir: Path, tasks: list[Task], epis
                           "visible_passed": sum(bool(v.passed) for v in verdicts),
                           "stopped_for_context": len(open_) - len(drawn), "sampling_s": round(sampled.stats.wall_s, 3)})
         open_ = [episode for episode, _, _ in drawn if not episode.stop]
+        if open_:
+            fault_point("sample:round")  # tests kill the stage here: a round done, the next not begun
     return EpisodeRun(episodes=episodes, stats=SamplingStats.of(sampled_rows, wall), logprobs=logprobs,
                       prompt_format=prompt_format, shards=shards, per_round=per_round)
 

@@ -18,7 +18,7 @@ from closedloop.sampling.base import SamplingError
 from closedloop.sampling.episodes import STOPS, run_episodes
 from closedloop.sampling.shards import sample_sharded
 from closedloop.stages.common import StageContext, StageError
-from closedloop.stages.prompting import check_sampling_settings
+from closedloop.stages.prompting import check_sampling_settings, prompt_format_of
 
 
 def run(ctx: StageContext) -> dict:
@@ -48,6 +48,7 @@ def run(ctx: StageContext) -> dict:
     except SamplingError as error:
         raise StageError(f"sample ({settings.backend.name} backend): {error}") from None
     stats, prompt_format = sampled.stats, sampled.prompt_format
+    transcript_of = _transcript_tokens(ctx) if episodes else None
     samples, timings, rollouts = [], [], []
     for position, (task, task_samples) in enumerate(zip(tasks, generations)):
         for index, sample in enumerate(task_samples):
@@ -66,8 +67,12 @@ def run(ctx: StageContext) -> dict:
             })
             timings.append({"sample_id": sample_id, "latency_s": round(sample.latency_s, 4)})
             # logprobs null: the backend gave none; GRPO recomputes them under the champion.
-            rollouts.append({"sample_id": sample_id, "token_ids": list(sample.token_ids),
-                             "logprobs": None if sample.logprobs is None else [round(lp, 6) for lp in sample.logprobs]})
+            rollout = {"sample_id": sample_id, "token_ids": list(sample.token_ids),
+                       "logprobs": None if sample.logprobs is None else [round(lp, 6) for lp in sample.logprobs]}
+            # An episode of several rounds: its transcript as tokens, the model's own earlier attempts
+            # marked in it, so grpo trains the whole episode (feedback tokens get no gradient).
+            transcript = transcript_of(episodes[position][index]) if transcript_of else None
+            rollouts.append({**rollout, "episode": transcript} if transcript else rollout)
     write_jsonl(ctx.ws.samples, samples)
     write_jsonl(ctx.ws.sample_timings, timings)
     write_jsonl(ctx.ws.rollouts, rollouts)
@@ -85,6 +90,16 @@ def run(ctx: StageContext) -> dict:
         "execution": where,  # a string: metrics/info/sample.json, not the numbers
         **(episode_figures(sampled) if episodes else {}),
     }
+
+
+def _transcript_tokens(ctx: StageContext):
+    """Episode → its rollout's ``episode`` record (sampling/episodes.py), with the champion's tokenizer
+    and prompt format: the ids every sampler fed it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ctx.ws.champion)
+    fmt = prompt_format_of(ctx.params, tokenizer)
+    return lambda episode: episode.transcript_rollout(fmt, tokenizer)
 
 
 def episode_figures(run) -> dict:

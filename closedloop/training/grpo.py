@@ -30,7 +30,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from closedloop.training.batching import batch_indices
@@ -43,6 +43,17 @@ LOSSES = ("dapo", "grpo", "dr_grpo")  # as TRL's GRPOConfig.loss_type names them
 
 
 @dataclass(frozen=True)
+class Transcript:
+    """An episode's earlier rounds, trained with its final attempt as one sequence: the token ids of the
+    transcript the final attempt was sampled on, the spans [start, end) of them that are the model's own
+    earlier attempts, and each span's sampling log-probabilities (None: the trainer computes them)."""
+
+    prompt_ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    span_logprobs: tuple[tuple[float, ...] | None, ...]
+
+
+@dataclass(frozen=True)
 class Rollout:
     group: str  # the task the sample answers: advantages are relative within it
     prompt: str
@@ -51,10 +62,28 @@ class Rollout:
     # returned none: the trainer computes them under the champion.
     logprobs: tuple[float, ...] | None
     reward: float
+    # A multi-round episode: the transcript its final attempt was sampled on (``prompt`` is then unused).
+    # The trained sequence runs from the first attempt to the end of the final one; only the model's own
+    # tokens (every attempt's) carry the loss, the feedback between them is context.
+    transcript: Transcript | None = None
 
 
-# (prompt ids, completion ids, behaviour log-probabilities or None, advantage) of one trained rollout
-GrpoRow = tuple[list[int], list[int], list[float] | None, float]
+@dataclass(frozen=True)
+class GrpoRow:
+    """One trained rollout: the context, then the tokens the loss runs over (``model``: which of them are
+    the model's own; None: all), their behaviour log-probabilities (None entries, or None: the trainer's),
+    and the rollout's advantage."""
+
+    prompt: list[int]
+    completion: list[int]
+    logprobs: list[float | None] | None
+    advantage: float
+    model: list[int] | None = None
+    earlier: int = 0  # of the model's tokens, those of an episode's earlier attempts
+
+    @property
+    def model_tokens(self) -> int:
+        return len(self.completion) if self.model is None else sum(self.model)
 
 
 @dataclass
@@ -79,13 +108,17 @@ class GrpoStats:
     logprob_delta_mean: float | None = None
     logprob_delta_max: float | None = None
     # Before any update: the share of groups with no reward spread (TRL's frac_reward_zero_std), the
-    # trained rollouts' advantages and completion lengths.
+    # trained rollouts' advantages and completion lengths (the model's own tokens).
     zero_std_share: float = 0.0
     advantage_mean: float = 0.0
     advantage_std: float = 0.0
     completion_length_mean: float = 0.0
     # One record per step: step, loss, lr, grad_norm, clip_low, clip_high, kl, entropy (see optimize).
     steps_log: list[dict[str, float]] = field(default_factory=list)
+    # Episodes: the earlier attempts' tokens trained with the final ones, and the transcript tokens
+    # between them (task, feedback) that were context only.
+    earlier_attempt_tokens: int = 0
+    feedback_tokens: int = 0
 
     def run_figures(self) -> dict[str, float | None]:
         """The per-step figures over the run: means, the first and last step's entropy and KL, the
@@ -139,6 +172,8 @@ def combine_stats(parts: list[GrpoStats]) -> GrpoStats:
         zero_std_share=weighted("zero_std_share", "groups"), advantage_mean=weighted("advantage_mean", "rollouts"),
         advantage_std=weighted("advantage_std", "rollouts"),
         completion_length_mean=weighted("completion_length_mean", "rollouts"), steps_log=log,
+        earlier_attempt_tokens=sum(p.earlier_attempt_tokens for p in parts),
+        feedback_tokens=sum(p.feedback_tokens for p in parts),
     )
 
 
@@ -218,15 +253,15 @@ def train_grpo(
     rows, behaviour = _behaviour_logprobs(model, rows, temperature=temperature,
                                           batch_size=micro_batch_size or batch_size, pad_id=pad_id)
     batches = batch_indices(len(rows), batch_size, steps, random.Random(seed),
-                            lengths=[len(p) + len(c) for p, c, _, _ in rows])
+                            lengths=[len(row.prompt) + len(row.completion) for row in rows])
     step_loss = GrpoLoss(model, rows, pad_id, temperature=temperature, clip=clip,
                          upper=clip if clip_high is None else clip_high, beta=beta, loss=loss,
                          max_completion_length=max_completion_length)
     steps_log: list[dict[str, float]] = []
     losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
                               checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
-                              loss_tokens=(lambda indices: sum(len(rows[i][1]) for i in indices)) if loss == "dapo"
-                              else len,
+                              loss_tokens=(lambda indices: sum(rows[i].model_tokens for i in indices))
+                              if loss == "dapo" else len,
                               gradient_checkpointing=gradient_checkpointing, dropout=False,
                               log=steps_log, step_figures=step_loss.step_figures, carry=carry)
     wall = time.perf_counter() - started
@@ -273,28 +308,58 @@ def _advantage_rows(groups: dict[str, list[Rollout]], tokenizer: Any, scale_adva
             if rollout.prompt not in prompt_ids_of:
                 prompt_ids_of[rollout.prompt] = (list(encode_prompt(rollout.prompt)) if encode_prompt
                                                  else raw_prompt_ids(tokenizer, rollout.prompt))
+            if rollout.transcript is not None:
+                rows.append(_episode_row(rollout, advantage, name))
+                continue
             logprobs = None if rollout.logprobs is None else list(rollout.logprobs)
-            rows.append((prompt_ids_of[rollout.prompt], list(rollout.token_ids), logprobs, advantage))
+            rows.append(GrpoRow(prompt_ids_of[rollout.prompt], list(rollout.token_ids), logprobs, advantage))
     return rows, skipped
+
+
+def _episode_row(rollout: Rollout, advantage: float, name: str) -> GrpoRow:
+    """A multi-round episode as one row: the transcript up to its first attempt is the context; from
+    there to the final attempt's end the loss covers the model's own tokens only."""
+    transcript = rollout.transcript
+    ids = list(transcript.prompt_ids)
+    start = transcript.spans[0][0] if transcript.spans else len(ids)
+    middle = len(ids) - start
+    model, logprobs = [0] * middle, [None] * middle
+    for (lo, hi), sampled in zip(transcript.spans, transcript.span_logprobs):
+        if not start <= lo < hi <= len(ids) or (sampled is not None and len(sampled) != hi - lo):
+            raise ValueError(f"rollout of {name!r}: span [{lo}, {hi}) of a {len(ids)}-token transcript "
+                             f"({'no' if sampled is None else len(sampled)} log-probabilities)")
+        model[lo - start:hi - start] = [1] * (hi - lo)
+        if sampled is not None:
+            logprobs[lo - start:hi - start] = list(sampled)
+    final = list(rollout.logprobs) if rollout.logprobs is not None else [None] * len(rollout.token_ids)
+    return GrpoRow(ids[:start], ids[start:] + list(rollout.token_ids), logprobs + final, advantage,
+                   model + [1] * len(rollout.token_ids), earlier=sum(model))
 
 
 def _fit_context(rows: list[GrpoRow], limit: int | None) -> list[GrpoRow]:
     """Keep what fits the model's context; the tail of an over-long completion is what gets cut."""
     if not limit:
         return rows
-    rows = [(p, c[: max(0, limit - len(p))], None if lp is None else lp[: max(0, limit - len(p))], a)
-            for p, c, lp, a in rows]
-    return [row for row in rows if row[1]]
+
+    def cut(values: list | None, room: int) -> list | None:
+        return None if values is None else values[:room]
+
+    rows = [replace(row, completion=row.completion[:room], logprobs=cut(row.logprobs, room), model=cut(row.model, room))
+            for row in rows for room in [max(0, limit - len(row.prompt))]]
+    return [row for row in rows if row.model_tokens]
 
 
 def _batch_figures(rows: list[GrpoRow], skipped: int, groups: int) -> dict[str, float]:
     """Before any update: the share of groups without spread, the advantages and completion lengths."""
-    advantages = [a for _, _, _, a in rows]
+    advantages = [row.advantage for row in rows]
+    episodes = [row for row in rows if row.model is not None]
     return {
         "zero_std_share": skipped / groups if groups else 0.0,
         "advantage_mean": statistics.fmean(advantages) if advantages else 0.0,
         "advantage_std": statistics.pstdev(advantages) if advantages else 0.0,
-        "completion_length_mean": statistics.fmean(len(c) for _, c, _, _ in rows) if rows else 0.0,
+        "completion_length_mean": statistics.fmean(row.model_tokens for row in rows) if rows else 0.0,
+        **({"earlier_attempt_tokens": sum(row.earlier for row in episodes),
+            "feedback_tokens": sum(len(row.completion) - row.model_tokens for row in episodes)} if episodes else {}),
     }
 
 
@@ -303,13 +368,18 @@ def _behaviour_logprobs(model: Any, rows: list[GrpoRow], *, temperature: float, 
     """Every row with its behaviour log-probabilities (the sampler's, or the champion's own where the
     sampler gave none), and the GrpoStats figures of where they came from and how far apart they are."""
     # Before any update: the champion's own log-probabilities of every completion token.
-    trainer_logprobs = policy_logprobs(model, [(p, c) for p, c, _, _ in rows], temperature=temperature,
+    trainer_logprobs = policy_logprobs(model, [(row.prompt, row.completion) for row in rows], temperature=temperature,
                                        batch_size=batch_size, pad_id=pad_id)
-    deltas = [abs(s - t) for (_, _, sampled, _), computed in zip(rows, trainer_logprobs) if sampled is not None
-              for s, t in zip(sampled, computed)]
-    given = sum(lp is not None for _, _, lp, _ in rows)
-    source = "sampler" if given == len(rows) else "trainer" if given == 0 else "mixed"
-    rows = [(p, c, lp if lp is not None else computed, a) for (p, c, lp, a), computed in zip(rows, trainer_logprobs)]
+    # Only the model's own tokens carry the loss: an episode's feedback tokens have no behaviour figure.
+    sampled_of = [[None if row.logprobs is None or (row.model is not None and not row.model[i]) else row.logprobs[i]
+                   for i in range(len(row.completion))] for row in rows]
+    deltas = [abs(s - t) for sampled, computed in zip(sampled_of, trainer_logprobs)
+              for s, t in zip(sampled, computed) if s is not None]
+    wanted = [sum(1 for i in range(len(row.completion)) if row.model is None or row.model[i]) for row in rows]
+    given = [sum(value is not None for value in sampled) for sampled in sampled_of]
+    source = ("sampler" if given == wanted else "trainer" if not any(given) else "mixed")
+    rows = [replace(row, logprobs=[t if s is None else s for s, t in zip(sampled, computed)])
+            for row, sampled, computed in zip(rows, sampled_of, trainer_logprobs)]
     return rows, {"behaviour_logprobs": source,
                   "logprob_delta_mean": sum(deltas) / len(deltas) if deltas else None,
                   "logprob_delta_max": max(deltas) if deltas else None}
@@ -342,11 +412,12 @@ class GrpoLoss:
 
         model, clip, upper = self.model, self.clip, self.upper
         batch = [self.rows[i] for i in indices]
-        input_ids, attention, mask = _pack([(p, c) for p, c, _, _ in batch], self.pad_id, model.device)
+        input_ids, attention, mask = _pack([(row.prompt, row.completion) for row in batch], self.pad_id,
+                                           model.device, [row.model for row in batch])
         old = torch.zeros(mask.shape)  # (B, T-1): position t predicts token t + 1
-        for b, (prompt, completion, logprobs, _) in enumerate(batch):
-            old[b, len(prompt) - 1 : len(prompt) + len(completion) - 1] = torch.tensor(logprobs)
-        advantage = torch.tensor([a for _, _, _, a in batch])[:, None]  # (B, 1)
+        for b, row in enumerate(batch):
+            old[b, len(row.prompt) - 1 : len(row.prompt) + len(row.completion) - 1] = torch.tensor(row.logprobs)
+        advantage = torch.tensor([row.advantage for row in batch])[:, None]  # (B, 1)
         old, advantage = old.to(model.device), advantage.to(model.device)
         logp, entropy = _token_logprobs(model, input_ids, attention, self.temperature, entropy=True)  # (B, T-1) each
         log_ratio = (logp - old) * mask
@@ -409,9 +480,11 @@ def policy_logprobs(model: Any, rows: list[tuple[list[int], list[int]]], *, temp
     return out
 
 
-def _pack(rows: list[tuple[list[int], list[int]]], pad_id: int, device: Any) -> tuple[Any, Any, Any]:
+def _pack(rows: list[tuple[list[int], list[int]]], pad_id: int, device: Any,
+          models: list[list[int] | None] | None = None) -> tuple[Any, Any, Any]:
     """Right-padded (prompt + completion) ids, their attention mask, and the mask of the positions
-    that predict a completion token: (B, T), (B, T), (B, T-1)."""
+    that predict a completion token: (B, T), (B, T), (B, T-1). ``models``: per row, which completion
+    tokens are the model's own (None: all); the others are left out of the mask (no loss, no gradient)."""
     import torch
 
     width = max(len(p) + len(c) for p, c in rows)
@@ -423,6 +496,8 @@ def _pack(rows: list[tuple[list[int], list[int]]], pad_id: int, device: Any) -> 
         input_ids[b, :n] = torch.tensor(prompt + completion)
         attention[b, :n] = 1
         mask[b, len(prompt) - 1 : n - 1] = 1
+        if models is not None and models[b] is not None:
+            mask[b, len(prompt) - 1 : n - 1] = torch.tensor(models[b], dtype=mask.dtype)
     return input_ids.to(device), attention.to(device), mask.to(device)
 
 

@@ -158,6 +158,14 @@ def test_a_chat_model_s_episodes_run_a_whole_iteration_through_a_managed_openai_
                                                  tokenize=False, add_generation_prompt=True)
         assert rendered.count("<|im_start|>assistant") == episode["rounds"]  # the earlier attempts + the reply's
         assert sample["prompt_tokens"] == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    # grpo's view of the episode: the rendered transcript's tokens, the assistant turns marked as the model's
+    rollouts = {r["sample_id"]: r for r in read_jsonl(ws.rollouts)}
+    for sample in later:
+        record = rollouts[sample["sample_id"]]["episode"]
+        assert len(record["model_spans"]) == sample["episode"]["rounds"] - 1
+        for (start, end), attempt in zip(record["model_spans"], sample["episode"]["attempts"]):
+            marked = tokenizer.decode(record["prompt_ids"][start:end])
+            assert marked.strip() and marked.strip() in attempt and "The visible checks say" not in marked
     evaluation = read_json(ws.evaluation)
     assert len(evaluation["candidate"]["rounds"]["by_round"]) == 3
     assert read_json(ws.gate)["rounds"]["candidate"]["pass@1"] == \

@@ -561,6 +561,45 @@ def test_a_passing_episode_is_learnt_conditioned_on_its_transcript(episodes):
         assert record["completion"] == samples[record["origin"]]["completion"]
 
 
+def test_grpo_trains_whole_episodes_with_the_feedback_masked(episodes, tmp_path):
+    """rollouts.jsonl holds each episode's transcript as the tokens its final round read, with the model's
+    earlier attempts marked; grpo trains every attempt of an episode as one sequence, the feedback
+    between them context only."""
+    from transformers import AutoTokenizer
+
+    from closedloop.io import write_jsonl
+    from closedloop.models.prompts import prompt_format
+
+    params = load_params(episodes.root)
+    tokenizer = AutoTokenizer.from_pretrained(episodes.champion)
+    fmt = prompt_format(params.sample, params.model, tokenizer)
+    samples = {s["sample_id"]: s for s in read_jsonl(episodes.samples)}
+    several = 0
+    for rollout in read_jsonl(episodes.rollouts):
+        episode = samples[rollout["sample_id"]]["episode"]
+        if episode["rounds"] == 1:
+            assert "episode" not in rollout
+            continue
+        several += 1
+        record = rollout["episode"]
+        assert record["prompt_ids"] == fmt.encode(tokenizer, episode["prompt"])  # what the final round read
+        assert 1 <= len(record["model_spans"]) <= episode["rounds"] - 1
+        for (start, end), attempt in zip(record["model_spans"], episode["attempts"]):
+            assert tokenizer.decode(record["prompt_ids"][start:end]).strip() in attempt
+    assert several
+
+    ws = _copy_with(episodes, tmp_path, "grpo-episodes", "train", mode="grpo")
+    rows = read_jsonl(ws.rewards)
+    for row in rows:  # the tiny policy rarely passes: a reward for each task's first episode gives spread
+        row["reward"] = 1.0 if samples[row["sample_id"]]["sample_index"] == 0 else row["reward"]
+    write_jsonl(ws.rewards, rows)
+    metrics = run_stage("train", ws.root)
+    assert metrics["steps"] > 0
+    assert metrics["episode_tokens"]["earlier_attempts"] > 0 and metrics["episode_tokens"]["feedback"] > 0
+    # the earlier attempts' sampling log-probabilities hold under the transcript the trainer reads
+    assert metrics["initial_log_ratio"] < 1e-3
+
+
 def test_evaluation_reports_pass_at_1_after_each_round_and_the_correction_rate(episodes):
     evaluation = read_json(episodes.evaluation)
     metrics = stage_result(episodes.root, "evaluate")
@@ -585,6 +624,28 @@ def test_episode_stages_write_the_same_bytes_again(episodes):
     for name in ("sample", "reward", "grade"):
         run_stage(name, episodes.root)
     assert {path: path.read_bytes() for path in written} == written
+
+
+def test_a_sample_stage_killed_between_rounds_leaves_nothing_and_reruns_to_the_same_episodes(episodes, tmp_path):
+    """SIGKILL after an episode round (sample:round): no sample, rollout or lock entry is half-written,
+    and the stage run again (as `closedloop run` resumes it) writes the uninterrupted run's bytes."""
+    import os
+    import subprocess
+    import sys
+
+    ws = _copy_with(episodes, tmp_path, "killed-episodes", "sample")
+    outputs = (ws.samples, ws.rollouts)
+    for path in outputs:
+        path.unlink()
+    lock = (ws.root / "dvc.lock").read_bytes() if (ws.root / "dvc.lock").exists() else None
+    killed = subprocess.run([sys.executable, "-m", "closedloop.cli", "stage", "sample", "--workspace", str(ws.root)],
+                            env={**os.environ, "CLOSEDLOOP_FAULT": "sample:round"}, start_new_session=True,
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not any(path.exists() for path in outputs)
+    assert ((ws.root / "dvc.lock").read_bytes() if lock is not None else None) == lock
+    run_stage("sample", ws.root)
+    assert [path.read_bytes() for path in outputs] == [episodes.samples.read_bytes(), episodes.rollouts.read_bytes()]
 
 
 def test_an_episode_whose_transcript_would_overflow_the_context_stops_and_says_so(done, tmp_path):

@@ -4,6 +4,8 @@ toward what scored higher."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from closedloop.config import ShapingParams
@@ -522,3 +524,82 @@ def test_rounds_carry_one_optimizer_and_one_schedule(policy, tokenizer):  # noqa
     assert steps == {first.steps + second.steps}
     fresh = train_grpo(copy.deepcopy(trained), tokenizer, rollouts[half:], **settings)
     assert fresh.steps_log[0]["lr"] < peak / 2  # without a carry, each run warms up again
+
+
+class TestEpisodes:
+    """grpo over whole episodes (sample.rounds > 1): one sequence from the first attempt to the end of
+    the final one, the loss on the model's own tokens only; the feedback between them is context."""
+
+    FEEDBACK = "# Error: f([1, 2]) returned 2, expected 3\n# Corrected:\n"
+
+    def _episodes(self, policy, tokenizer):  # noqa: F811
+        """Two-round episodes built from the policy's own rollouts: attempt 1 (with its sampling
+        log-probabilities), the feedback, the task again, attempt 2 (sampled on the task alone, so its
+        figures are left to the trainer)."""
+        from closedloop.training.grpo import Transcript
+
+        _, rollouts = policy
+        episodes = []
+        for first, final in zip(rollouts[0::2], rollouts[1::2]):
+            task = tokenizer(first.prompt, add_special_tokens=True)["input_ids"]
+            between = tokenizer(self.FEEDBACK + first.prompt, add_special_tokens=False)["input_ids"]
+            ids = task + list(first.token_ids) + between
+            transcript = Transcript(tuple(ids), ((len(task), len(task) + len(first.token_ids)),), (first.logprobs,))
+            episodes.append(Rollout(final.group, final.prompt, final.token_ids, None, final.reward,
+                                    transcript=transcript))
+        return episodes
+
+    def test_the_loss_covers_every_attempt_and_none_of_the_feedback(self, policy, tokenizer):  # noqa: F811
+        import torch
+
+        from closedloop.training.grpo import GrpoLoss, _advantage_rows, _behaviour_logprobs
+
+        model, _ = policy
+        episodes = self._episodes(policy, tokenizer)
+        groups = {}
+        for rollout in episodes:
+            groups.setdefault(rollout.group, []).append(rollout)
+        rows, _ = _advantage_rows(groups, tokenizer, True, 1.0, None)
+        trained = [r for name in sorted(groups) if group_advantages([x.reward for x in groups[name]])
+                   for r in groups[name] if r.token_ids]
+        assert rows and len(rows) == len(trained)
+        for row, rollout in zip(rows, trained):
+            transcript = rollout.transcript
+            (lo, hi), = transcript.spans
+            assert len(row.prompt) == lo  # the context ends where the first attempt begins
+            feedback = len(transcript.prompt_ids) - hi
+            assert row.model == [1] * (hi - lo) + [0] * feedback + [1] * (len(row.completion) - (hi - lo) - feedback)
+            assert row.earlier == hi - lo
+        rows, _ = _behaviour_logprobs(model, rows, temperature=1.0, batch_size=16, pad_id=tokenizer.eos_token_id)
+
+        def loss_of(rows) -> float:
+            step = GrpoLoss(model, rows, tokenizer.eos_token_id, temperature=1.0, clip=0.2, upper=0.2, beta=0.04,
+                            loss="dapo", max_completion_length=None)
+            with torch.no_grad():
+                return float(step(list(range(len(rows))), None)[0])
+
+        def poisoned(where) -> list:  # behaviour log-probabilities of -30 at the positions ``where`` picks
+            return [replace(row, logprobs=[-30.0 if where(row, i) else lp for i, lp in enumerate(row.logprobs)])
+                    for row in rows]
+
+        base = loss_of(rows)
+        # the feedback's behaviour figures never enter the loss: poisoning them changes nothing ...
+        assert loss_of(poisoned(lambda row, i: not row.model[i])) == base
+        # ... while an earlier attempt's, or the final one's, do
+        assert loss_of(poisoned(lambda row, i: i < row.earlier)) != base
+        assert loss_of(poisoned(lambda row, i: i >= len(row.completion) - 1)) != base
+
+    def test_episodes_train_and_report_what_was_trained_and_what_was_context(self, policy, tokenizer):  # noqa: F811
+        import copy
+
+        model, _ = policy
+        episodes = self._episodes(policy, tokenizer)
+        stats = train_grpo(copy.deepcopy(model), tokenizer, episodes, **{**GRPO, "epochs": 1})
+        assert stats.steps > 0 and stats.behaviour_logprobs == "mixed"
+        # the first attempts' sampling figures hold under the transcript's context
+        assert stats.logprob_delta_max < 1e-4
+        trained = [r for r in episodes if len({x.reward for x in episodes if x.group == r.group}) > 1]
+        assert stats.earlier_attempt_tokens == sum(len(r.transcript.prompt_ids) - r.transcript.spans[0][0]
+                                                   - (len(r.transcript.prompt_ids) - r.transcript.spans[0][1])
+                                                   for r in trained)
+        assert stats.feedback_tokens == sum(len(r.transcript.prompt_ids) - r.transcript.spans[0][1] for r in trained)

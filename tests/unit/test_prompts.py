@@ -60,3 +60,44 @@ class TestPromptFormat:
     def test_stop_strings_by_format(self, chat_tokenizer, stop, kind, expected):
         fmt = prompt_format(SampleParams(prompt_format=kind, stop=stop), ModelParams(name_or_path="/m"), chat_tokenizer)
         assert list(fmt.stop) == expected
+
+
+class TestTranscriptTokens:
+    """An episode's transcript as tokens: the spans grpo trains are exactly the model's earlier attempts."""
+
+    TASK = "# Return the sum of xs.\ndef f(xs):\n"
+    ATTEMPTS = [("    return max(xs)\n", "f([1, 2]) returned 2, expected 3"),
+                ("    return xs[0]\n", "f([4, 5]) returned 4, expected 9")]
+
+    @pytest.mark.parametrize("kind", ["raw", "chat"])
+    def test_the_spans_are_the_attempts_and_nothing_else(self, chat_tokenizer, raw_tokenizer, kind):
+        from closedloop.models.prompts import episode_prompt, episode_turns, transcript_tokens
+
+        tokenizer = chat_tokenizer if kind == "chat" else raw_tokenizer
+        fmt = prompt_format(SampleParams(prompt_format=kind), ModelParams(name_or_path="/m"), tokenizer)
+        prompt, ids, spans = transcript_tokens(fmt, tokenizer, self.TASK, self.ATTEMPTS)
+        # the prompt the next round is sampled on, and its ids as every sampler feeds them
+        assert prompt == (episode_turns if kind == "chat" else episode_prompt)(self.TASK, self.ATTEMPTS)
+        assert ids == fmt.encode(tokenizer, prompt)
+        assert len(spans) == 2 and all(spans)
+        assert spans[0][1] <= spans[1][0]
+        for (start, end), (attempt, feedback) in zip(spans, self.ATTEMPTS):
+            text = tokenizer.decode(ids[start:end])
+            # the span is the attempt's own text (a token straddling its edge may be left out), never the
+            # feedback or the task
+            assert text.strip() and text.strip() in attempt and len(text.strip()) >= len(attempt.strip()) - 2
+            assert feedback not in text and "sum of xs" not in text
+        # what lies outside the spans holds the task and the feedback
+        outside = tokenizer.decode([t for i, t in enumerate(ids) if not any(s <= i < e for s, e in spans)])
+        assert "expected 3" in outside and "expected 9" in outside and "sum of xs" in outside
+        assert "max(xs)" not in outside
+
+    def test_an_attempt_the_transcript_does_not_hold_gets_no_span(self, chat_tokenizer):
+        from closedloop.models.prompts import PromptFormat, transcript_tokens
+
+        class Rewrites(PromptFormat):  # a template that drops what the assistant said
+            def render(self, tokenizer, prompt):
+                return "".join(turn["content"] for turn in prompt if turn["role"] == "user")
+
+        _, _, spans = transcript_tokens(Rewrites("chat"), chat_tokenizer, self.TASK, self.ATTEMPTS)
+        assert spans == [None, None]

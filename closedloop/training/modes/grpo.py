@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from closedloop.envs.base import Task, load_tasks
 from closedloop.io import read_jsonl
 from closedloop.rewards.shaping import shaped_reward
-from closedloop.training.grpo import GrpoStats, Rollout, combine_stats, train_grpo
+from closedloop.training.grpo import GrpoStats, Rollout, Transcript, combine_stats, train_grpo
 from closedloop.training.modes.base import (TrainingError, TrainingMode, TrainingResult, TrainingRun,
                                            checkpoint_directory)
 from closedloop.training.optimization import Carry
@@ -138,7 +138,8 @@ def train_grpo_batch(run: TrainingRun, batch: list[Rollout], *, seed: int, check
         run.model, run.tokenizer, batch, epochs=grpo.epochs, batch_size=params.batch_size, lr=grpo.lr,
         warmup_steps=params.warmup_steps, clip=grpo.clip, beta=grpo.beta, scale_advantages=grpo.scale_advantages,
         negative_weight=grpo.negative_weight, loss=grpo.loss, clip_high=grpo.epsilon_high,
-        max_completion_length=run.params.sample.max_new_tokens, carry=carry,
+        # dr_grpo's constant: an episode's loss runs over up to sample.rounds attempts
+        max_completion_length=run.params.sample.max_new_tokens * run.params.sample.rounds, carry=carry,
         temperature=run.params.sample.temperature, seed=seed, progress=run.progress, checkpoint=checkpoint,
         micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
         encode_prompt=run.encode_prompt,
@@ -170,13 +171,23 @@ def stage_rollouts(run: TrainingRun, task_ids: set[str]) -> tuple[list[Rollout],
         rollout = rollouts[sample_id]
         cut += sample.get("finish_reason") == "length"  # stopped by sample.max_new_tokens, not by the model
         # An episode's final attempt was sampled on its transcript: its log-probabilities are under that.
+        # With several rounds the rollout holds the transcript's tokens: the whole episode trains.
         prompt = sample["episode"]["prompt"] if "episode" in sample else prompts[sample["task_id"]]
         batch.append(Rollout(group=sample["task_id"], prompt=prompt,
                              token_ids=tuple(rollout["token_ids"]),
                              logprobs=None if rollout.get("logprobs") is None else tuple(rollout["logprobs"]),
                              reward=shaped_reward(reward["reward"], reward["steps"], params.shaping,
-                                                  reward.get("passed"))))
+                                                  reward.get("passed")),
+                             transcript=_transcript(rollout.get("episode"))))
     return batch, infra, cut
+
+
+def _transcript(record: dict | None) -> Transcript | None:
+    """rollouts.jsonl's ``episode`` (stages/sample.py) as a Transcript; None for a one-round sample."""
+    if not record:
+        return None
+    return Transcript(prompt_ids=tuple(record["prompt_ids"]), spans=tuple(tuple(span) for span in record["model_spans"]),
+                      span_logprobs=tuple(None if lp is None else tuple(lp) for lp in record["span_logprobs"]))
 
 
 def round_rollouts(rows: list[dict], prompts: dict[str, str], params: TrainParams) -> tuple[list[Rollout], int, int]:
@@ -219,6 +230,10 @@ def _figures(stats: GrpoStats, done: Rounds, rounds: int) -> dict[str, Any]:
             "frac_reward_zero_std": round(stats.zero_std_share, 6), "advantage_mean": round(stats.advantage_mean, 6),
             "advantage_std": round(stats.advantage_std, 6),
             "completion_length_mean": round(stats.completion_length_mean, 2),
+            # Episodes: the earlier attempts' tokens trained with the final ones; the feedback between them
+            # was context only.
+            **({"episode_tokens": {"earlier_attempts": stats.earlier_attempt_tokens, "feedback": stats.feedback_tokens}}
+               if stats.earlier_attempt_tokens or stats.feedback_tokens else {}),
             "truncated_share": round(totals["cut"] / batch_size, 6) if batch_size else None,
             # On-policy rounds: how many, and each round's samples' pass rate (the policy's, as it trained).
             "rounds": rounds, "rounds_resumed": done.resumed,
