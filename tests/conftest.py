@@ -100,13 +100,34 @@ def one_torch_thread():
 RAY_MODULES = {"tests/stages/test_execution.py", "tests/flows/test_ray_flow.py"}
 
 
+def test_group(nodeid: str) -> str:
+    """The pytest-xdist work unit a test belongs to: its module, or "ray" for the modules that start Ray."""
+    module = nodeid.split("::", 1)[0]
+    return "ray" if module in RAY_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers: the suite is about half idle waits (processes starting,
+    servers answering), so two at a time fill a 2-core machine. Each test module runs whole on one
+    worker, so its module-scoped fixtures (test_resume's uninterrupted reference iteration,
+    test_execution's local batch, test_ray_flow's two flows) are built once; the modules that start Ray
+    share one worker, so two local Rays never start at once (a stage's default Ray would join the
+    other's `ray start` cluster, and each asks for more CPUs than half the machine).
+
+    A scheduler of our own, not `--dist loadgroup` with xdist_group marks: under pytest 9 those marks
+    no longer reach xdist 3.8's scheduler (the group suffix it writes into the test id is lost), so
+    every module was spread over both workers and built its module fixtures twice."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`make test` runs two pytest-xdist workers with ``--dist loadgroup``: the suite is about half idle
-    waits (processes starting, servers answering), so two at a time fill a 2-core machine. Each test module
-    stays on one worker, so its module-scoped fixtures (test_resume's uninterrupted reference iteration,
-    test_execution's local batch) are built once; the modules that start Ray share one worker, so two
-    local Rays never start at once (a stage's default Ray would join the other's `ray start` cluster, and
-    each asks for more CPUs than half the machine)."""
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("ray" if module in RAY_MODULES else module))
+    """The Ray group first (every worker collects in this same order): it is the longest chain of
+    tests that must run one after another, so it starts while the other worker takes everything else."""
+    items.sort(key=lambda item: test_group(item.nodeid) != "ray")  # stable: each module keeps its order
