@@ -13,7 +13,7 @@ run: $(STAMP) sandbox-deps
 
 ## make test: set up, then the whole test suite
 test: $(STAMP) sandbox-deps
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadscope
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=25 -n 2 --dist loadscope --no-loadscope-reorder
 
 ## make test-fast: the inner loop: the unit tests only (no whole iteration, Prefect server or Ray cluster)
 test-fast: $(STAMP) sandbox-deps

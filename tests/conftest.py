@@ -128,6 +128,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The Ray group first (every worker collects in this same order): it is the longest chain of
-    tests that must run one after another, so it starts while the other worker takes everything else."""
+    """The Ray group first (every worker collects in this same order, and `make test` keeps it with
+    --no-loadscope-reorder): it is the longest chain of tests that must run one after another, so it
+    starts while the other worker takes the rest, the whole-loop modules (e2e, flows) before the units."""
     items.sort(key=lambda item: test_group(item.nodeid) != "ray")  # stable: each module keeps its order
