@@ -136,6 +136,12 @@ class SampleParams(SamplingSettings):
         description="Rounds of an episode: 1 samples one attempt per sample; R > 1 shows each failed attempt's "
                     "visible-check feedback and samples again, up to R attempts (docs/episodes.md).",
     )
+    trim_transcript: bool = Field(
+        False,
+        description="Episodes: when the next transcript would not fit the model's context, leave out its oldest "
+                    "attempts (and their feedback) until it fits, the latest always kept, instead of ending the "
+                    "episode (which it still does when the latest alone does not fit).",
+    )
 
     @field_validator("backend", mode="before")
     @classmethod

@@ -48,6 +48,8 @@ class Episode:
     index: int  # the j-th of the task's k episodes
     attempts: list[Attempt] = field(default_factory=list)
     stop: str = ""  # one of STOPS, once the episode ended
+    # sample.trim_transcript: the first attempt the transcript still shows (older ones left out to fit)
+    kept_from: int = 0
 
     @property
     def final(self) -> Attempt:
@@ -59,7 +61,8 @@ class Episode:
                 "attempts": [a.completion.text for a in self.attempts],
                 "visible_passed": [a.visible_passed for a in self.attempts],
                 "feedback": [a.feedback for a in self.attempts],
-                "completion_tokens": [a.completion.completion_tokens for a in self.attempts]}
+                "completion_tokens": [a.completion.completion_tokens for a in self.attempts],
+                **({"kept_from": self.kept_from} if self.kept_from else {})}
 
     def transcript_rollout(self, fmt: PromptFormat, tokenizer: Any) -> dict[str, Any] | None:
         """What grpo needs to train the whole episode as one sequence (rollouts.jsonl's ``episode``): the
@@ -67,7 +70,7 @@ class Episode:
         (trained; the rest, the task and the feedback, get no gradient), and each span's sampling
         log-probabilities where its tokens are the ones sampled (else null: the trainer computes them
         under the champion, the policy that sampled them). None for a one-round episode."""
-        earlier = self.attempts[:-1]
+        earlier = self.attempts[self.kept_from:-1]
         if not earlier:
             return None
         prompt, ids, spans = transcript_tokens(fmt, tokenizer, self.task.prompt,
@@ -135,6 +138,8 @@ def _rounds(executor: Any, params: Any, model_dir: Path, tasks: list[Task], epis
             else:
                 prompts = [_next_prompt(episode, prompt_format) for episode in open_]
                 fits = _fits(sampling.measure(prompts), params.sample.max_new_tokens)
+                if params.sample.trim_transcript:
+                    trimmed = _trim(sampling, open_, prompts, fits, prompt_format, params.sample.max_new_tokens)
                 for episode, fit in zip(open_, fits):
                     if not fit:
                         episode.stop = "context"
@@ -154,7 +159,8 @@ def _rounds(executor: Any, params: Any, model_dir: Path, tasks: list[Task], epis
                 episode.stop = "rounds"
         per_round.append({"round": number, "open": len(open_), "sampled": len(drawn),
                           "visible_passed": sum(bool(v.passed) for v in verdicts),
-                          "stopped_for_context": len(open_) - len(drawn), "sampling_s": round(sampled.stats.wall_s, 3)})
+                          "stopped_for_context": len(open_) - len(drawn), "sampling_s": round(sampled.stats.wall_s, 3),
+                          **({"trimmed": trimmed} if number > 1 and params.sample.trim_transcript else {})})
         open_ = [episode for episode, _, _ in drawn if not episode.stop]
         if open_:
             fault_point("sample:round")  # tests kill the stage here: a round done, the next not begun
@@ -162,9 +168,32 @@ def _rounds(executor: Any, params: Any, model_dir: Path, tasks: list[Task], epis
                       prompt_format=prompt_format, shards=shards, per_round=per_round)
 
 
+def _trim(sampling: Any, open_: list[Episode], prompts: list[Prompt], fits: list[bool], prompt_format: str | None,
+          max_new_tokens: int) -> int:
+    """sample.trim_transcript: each transcript that does not fit, with its oldest attempts left out one at a
+    time until it does (``prompts`` and ``fits`` updated in place, the episode's kept_from moved on); one
+    that does not fit with its latest attempt alone keeps its transcript and stops. One measurement per
+    pass over all of them. Returns how many episodes were trimmed to fit this round."""
+    before = {i: open_[i].kept_from for i, fit in enumerate(fits) if not fit}
+    while True:
+        short = [i for i, fit in enumerate(fits) if not fit and open_[i].kept_from < len(open_[i].attempts) - 1]
+        if not short:
+            break
+        for i in short:
+            open_[i].kept_from += 1
+            prompts[i] = _next_prompt(open_[i], prompt_format)
+        for i, fit in zip(short, _fits(sampling.measure([prompts[i] for i in short]), max_new_tokens)):
+            fits[i] = fit
+    for i, kept_from in before.items():
+        if not fits[i]:  # stops for its context: its record stays that of the transcript it last read
+            open_[i].kept_from = kept_from
+    return sum(fits[i] for i in before)
+
+
 def _next_prompt(episode: Episode, prompt_format: str | None) -> Prompt:
-    """The transcript of the episode so far: raw text in a failure→fix pair's form, or chat turns."""
-    attempts = [(a.completion.text, a.feedback) for a in episode.attempts]
+    """The transcript of the episode so far (from its kept_from-th attempt): raw text in a failure→fix
+    pair's form, or chat turns."""
+    attempts = [(a.completion.text, a.feedback) for a in episode.attempts[episode.kept_from:]]
     if prompt_format == "chat":
         return episode_turns(episode.task.prompt, attempts)
     return episode_prompt(episode.task.prompt, attempts)

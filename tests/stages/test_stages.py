@@ -666,6 +666,40 @@ def test_an_episode_whose_transcript_would_overflow_the_context_stops_and_says_s
         assert len(tokenizer(following)["input_ids"]) + 400 > 512
 
 
+def test_a_transcript_too_long_for_the_context_is_trimmed_to_its_latest_attempts(done, tmp_path):
+    """sample.trim_transcript: a transcript that would overflow leaves out its oldest attempts until it
+    fits, and the episode goes on; only one whose latest attempt alone overflows stops for its context.
+    (150 new tokens: the tiny policy's attempts run long, so most episodes stop at round 2 and one is
+    trimmed at round 3, measured.)"""
+    from transformers import AutoTokenizer
+
+    from closedloop.models.prompts import episode_prompt
+
+    max_new_tokens = 150
+    ws = _copy_with(done, tmp_path, "trimmed", "sample", rounds=3, max_new_tokens=max_new_tokens,
+                    trim_transcript=True, settings_mismatch="warn")
+    metrics = run_stage("sample", ws.root)
+    tokenizer = AutoTokenizer.from_pretrained(ws.champion)
+    tasks = {t["task_id"]: t for t in read_jsonl(ws.tasks)}
+
+    def fits(prompt: str) -> bool:
+        return len(tokenizer(prompt)["input_ids"]) + max_new_tokens <= 512
+
+    trimmed = 0
+    for sample in read_jsonl(ws.samples):
+        episode, task = sample["episode"], tasks[sample["task_id"]]["prompt"]
+        kept = episode.get("kept_from", 0)
+        pairs = list(zip(episode["attempts"], episode["feedback"]))
+        if episode["rounds"] > 1:  # the final attempt read the attempts from kept_from on, and they fit
+            assert episode["prompt"] == episode_prompt(task, pairs[kept:-1]) and fits(episode["prompt"])
+        if kept:  # ... where all of them would not have
+            trimmed += 1
+            assert not fits(episode_prompt(task, pairs[:-1]))
+        if episode["stop"] == "context":  # not even the latest attempt alone would
+            assert not fits(episode_prompt(task, pairs[-1:]))
+    assert trimmed and trimmed == sum(r.get("trimmed", 0) for r in metrics["episodes"]["per_round"].values())
+
+
 def test_reward_round_cost_takes_its_cost_per_round_after_the_first(episodes, tmp_path):
     """Episodes whose second attempt is the task's reference: full reward free, 0.1 less at
     reward.round_cost 0.1; the verdict stays the checks'."""
