@@ -6,7 +6,7 @@ baseline) and once as episodes of ``--rounds`` rounds. Prints pass@1 on the hidd
 1, 2, ..., R, overall and per environment, the correction rate (failed first attempts fixed later),
 and the cost: single-shot samples per second against episodes per second and seconds per round.
 
-    python benchmarks/episodes.py WORKSPACE [--model data/models/warmstart] [--rounds 3] [--samples 4]
+    python benchmarks/episodes.py WORKSPACE [--model data/models/warmstart] [--rounds 3] [--samples 4] [--trim]
 
 Round 1 of the episodes is scored on the hidden checks only (for code: the calls after the visible
 ones), the single-shot run on all checks, so their pass@1 differ by what is checked, not by the model.
@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--samples", type=int, default=4, help="samples (episodes) per task")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--trim", action="store_true",
+                        help="sample.trim_transcript: a transcript too long for the context leaves out its oldest "
+                             "attempts instead of ending the episode")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
 
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = load_tasks(ws.benchmark_tasks)
     model_dir = ws.root / args.model
     single_params = base.model_copy(update={"sample": base.sample.model_copy(update={"rounds": 1})})
-    episode_params = base.model_copy(update={"sample": base.sample.model_copy(update={"rounds": args.rounds})})
+    episode_params = base.model_copy(update={"sample": base.sample.model_copy(
+        update={"rounds": args.rounds, "trim_transcript": args.trim})})
     single, single_s = measure(single_params, model_dir, tasks, args.samples, args.seed)
     episodes, episodes_s = measure(episode_params, model_dir, tasks, args.samples, args.seed)
 
@@ -77,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(x{episodes_s / single_s:.2f} the single-shot time)")
     for row in rounds["per_round"]:
         print(f"  round {row['round']}: {row['open']} open, {row['sampled']} sampled, "
-              f"{row['stopped_for_context']} stopped for context, {row['visible_passed']} passed the visible checks, "
+              f"{row['stopped_for_context']} stopped for context, "
+              + (f"{row['trimmed']} trimmed to fit, " if "trimmed" in row else "")
+              + f"{row['visible_passed']} passed the visible checks, "
               f"sampling {row['sampling_s']:.1f} s")
     if args.json:
         args.json.write_text(json.dumps({"single": single, "single_s": single_s, "episodes": episodes,
