@@ -418,7 +418,7 @@ class TestRounds:
     def test_two_runs_combine_into_one_run_s_figures(self, policy, tokenizer):  # noqa: F811
         import copy
 
-        from closedloop.training.grpo import combine_stats
+        from closedloop.training.grpo_stats import combine_stats
 
         model, rollouts = policy
         half = len(rollouts) // 2

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from closedloop.envs.base import Task, load_tasks
 from closedloop.io import read_jsonl
 from closedloop.rewards.shaping import shaped_reward
-from closedloop.training.grpo import GrpoStats, Rollout, Transcript, combine_stats, train_grpo
+from closedloop.training.grpo import Rollout, Transcript, train_grpo
+from closedloop.training.grpo_stats import GrpoStats, combine_stats
 from closedloop.training.modes.base import (TrainingError, TrainingMode, TrainingResult, TrainingRun,
                                            checkpoint_directory)
 from closedloop.training.optimization import Carry
