@@ -72,7 +72,7 @@ def iteration_row(ws, mode: str, iteration: int, wall_s: float) -> dict:
         # grpo: the trainer's figures (on-policy rounds: each round's own pass rate as the policy trained)
         **({key: train.get(key) for key in ("rounds", "round_pass_rates", "kl_last", "clip_low", "clip_high",
                                             "entropy_first", "entropy_last", "frac_reward_zero_std")}
-           if mode == "grpo" else {}),
+           if mode.split("+")[0] == "grpo" else {}),
     }
 
 
