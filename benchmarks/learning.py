@@ -15,7 +15,11 @@ alone, the same `train.epochs` over them) is the control that shows how much of 
 The loop's own evaluations use 4 samples per task, so one environment's figure (80 tasks) moves by
 about 2.5 pp on sampling alone. At the end, the warm start and each mode's final champion are
 evaluated again on the benchmark with ``--final-samples`` samples per task (paired: same seed, same
-tasks), and the per-environment difference is printed with its standard error over tasks.
+tasks), and the per-environment difference is printed with its standard error over tasks. With
+``--final-rounds R`` every model runs the check as episodes of R rounds (each also after round 1), and
+``--final-set SECTION.KEY=YAML`` lays the same overrides over every model's check (an arm trained with
+``sample.trim_transcript`` is measured with it, and so are the others). With ``--workdir`` each
+model's measurement is kept under WORKDIR/measured and reused for the same weights and settings.
 
 ``--compare trl`` then runs TRL's GRPOTrainer (benchmarks/trl_compare.py; ``pip install -e '.[bench]'``)
 from the same warm start, on the training tasks the best mode's iterations drew, with the loop's
@@ -121,47 +125,67 @@ def arm_dir(arm: str) -> str:
     return arm.replace("=", "-").replace("/", "-")
 
 
-def final_check(base: Path, finals: dict[str, Path], samples: int, rounds: int = 1) -> dict:
+def final_check(base: Path, finals: dict[str, Path], samples: int, rounds: int = 1,
+                overrides: list[str] = (), saved: Path | None = None) -> dict:
     """The warm start and each mode's final champion, evaluated again with ``samples`` per task; with
-    ``rounds`` > 1 as episodes, each also after round 1 and paired against its own round 1."""
-    from closedloop.config import load_params
+    ``rounds`` > 1 as episodes, each also after round 1 and paired against its own round 1. Every model
+    is measured under the same params: the warm start's, with ``overrides`` (``SECTION.KEY=YAML``) laid
+    over them (e.g. sample.trim_transcript=true when an arm trained with it). With ``saved`` (a folder),
+    each model's measurement is kept there and reused by a later check of the same model under the same
+    settings, so the models of a long experiment can be measured as each arm finishes."""
     from closedloop.envs.base import load_tasks
     from closedloop.evaluation.runner import evaluate_policy
+    from closedloop.models.loading import model_fingerprint
     from closedloop.rewards.pools import EnvPools
     from closedloop.workspace import Workspace
 
     ws = Workspace.at(base)
-    params = load_params(base)
-    params = params.model_copy(update={"sample": params.sample.model_copy(update={"rounds": rounds})})
+    params = overridden(base, [*overrides, f"sample.rounds={rounds}"])
     tasks = load_tasks(ws.benchmark_tasks)
-    results = {}
+    models = {"warm_start": ws.warmstart_model, **finals}
+    measured: dict[str, dict] = {}
     with EnvPools(params) as verifiers:
-        def run(model: Path) -> dict:
-            return evaluate_policy(model, tasks, params=params, samples_per_task=samples,
-                                   seed=params.stage_seed("final_check", False), batch_size=params.evaluate.batch_size,
-                                   verifiers=verifiers)
+        for name, model in models.items():
+            key = {"model": model_fingerprint(Path(model)), "samples": samples, "rounds": rounds,
+                   "overrides": sorted(overrides)}
+            path = saved / f"{arm_dir(name)}.json" if saved else None
+            if path and path.exists() and json.loads(path.read_text())["key"] == key:
+                measured[name] = json.loads(path.read_text())["result"]
+                continue
+            result = evaluate_policy(model, tasks, params=params, samples_per_task=samples,
+                                     seed=params.stage_seed("final_check", False),
+                                     batch_size=params.evaluate.batch_size, verifiers=verifiers)
+            measured[name] = {part: result[part] for part in ("summary", "per_task", "rounds") if part in result}
+            if path:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"key": key, "result": measured[name]}, default=str) + "\n")
+    return compare_measured(measured, samples, tasks, rounds)
 
-        warm = run(ws.warmstart_model)
-        firsts: dict[str, dict] = {}
-        results["warm_start"] = pass_rates(warm["summary"])
+
+def compare_measured(measured: dict[str, dict], samples: int, tasks: list, rounds: int) -> dict:
+    """The final check's figures from each model's measurement ("warm_start" first): pass@1, paired
+    differences against the warm start, and with episodes against each model's own first round."""
+    warm = measured["warm_start"]
+    results = {"warm_start": pass_rates(warm["summary"])}
+    if rounds > 1:
+        results["warm_start_round_1"] = pass_rates(warm["rounds"]["by_round"][0])
+    firsts: dict[str, dict] = {}
+    finals = [name for name in measured if name != "warm_start"]
+    for mode in finals:
+        final = measured[mode]
+        results[mode] = {"pass@1": pass_rates(final["summary"]),
+                         "vs_warm_start": paired_difference(warm["per_task"], final["per_task"], samples, tasks)}
         if rounds > 1:
-            results["warm_start_round_1"] = pass_rates(warm["rounds"]["by_round"][0])
-        for mode, model in finals.items():
-            final = run(model)
-            results[mode] = {"pass@1": pass_rates(final["summary"]),
-                             "vs_warm_start": paired_difference(warm["per_task"], final["per_task"], samples, tasks)}
-            if rounds > 1:
-                first = firsts[mode] = final["rounds"]["per_task_by_round"][0]
-                results[mode]["round_1"] = pass_rates(final["rounds"]["by_round"][0])
-                results[mode]["correction_rate"] = final["rounds"]["correction_rate"]
-                # what the later rounds add to this model's own first attempts
-                results[mode]["rounds_vs_round_1"] = paired_difference(first, final["per_task"], samples, tasks)
-                results[mode]["round_1_vs_warm_start_round_1"] = paired_difference(
-                    warm["rounds"]["per_task_by_round"][0], first, samples, tasks)
-        names = [name for name in finals if "round_1" in results[name]]
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:  # every pair of arms, first attempts against first attempts
-                results[f"{b} vs {a}, round 1"] = paired_difference(firsts[a], firsts[b], samples, tasks)
+            first = firsts[mode] = final["rounds"]["per_task_by_round"][0]
+            results[mode]["round_1"] = pass_rates(final["rounds"]["by_round"][0])
+            results[mode]["correction_rate"] = final["rounds"]["correction_rate"]
+            # what the later rounds add to this model's own first attempts
+            results[mode]["rounds_vs_round_1"] = paired_difference(first, final["per_task"], samples, tasks)
+            results[mode]["round_1_vs_warm_start_round_1"] = paired_difference(
+                warm["rounds"]["per_task_by_round"][0], first, samples, tasks)
+    for i, a in enumerate(finals if rounds > 1 else []):
+        for b in finals[i + 1:]:  # every pair of arms, first attempts against first attempts
+            results[f"{b} vs {a}, round 1"] = paired_difference(firsts[a], firsts[b], samples, tasks)
     return results
 
 
@@ -209,11 +233,11 @@ def plot_minutes(rows: list[dict], trl: dict, warm: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def apply_overrides(root: Path, items: list[str]) -> None:
-    """Lay ``--set SECTION.KEY=YAML`` overrides over the params.yaml of workspace ``root``."""
+def overridden(root: Path, items: list[str]):
+    """The params of workspace ``root`` with ``SECTION.KEY=YAML`` overrides laid over them (validated)."""
     import yaml
 
-    from closedloop.config import load_params, parse_params, write_params
+    from closedloop.config import load_params, parse_params
 
     data = load_params(root).model_dump(mode="json")
     for item in items:
@@ -223,7 +247,14 @@ def apply_overrides(root: Path, items: list[str]) -> None:
         for part in path:
             node = node[part]
         node[key] = yaml.safe_load(value)
-    write_params(root, parse_params(data, "--set"))
+    return parse_params(data, "--set")
+
+
+def apply_overrides(root: Path, items: list[str]) -> None:
+    """Lay ``--set SECTION.KEY=YAML`` overrides over the params.yaml of workspace ``root``."""
+    from closedloop.config import write_params
+
+    write_params(root, overridden(root, items))
 
 
 def save(figures: dict, path: Path | None) -> None:
@@ -275,6 +306,9 @@ def main() -> None:
     parser.add_argument("--final-rounds", type=int, default=1,
                         help="evaluate the final check as episodes of this many rounds (sample.rounds), each model "
                              "also after round 1")
+    parser.add_argument("--final-set", action="append", default=[], metavar="SECTION.KEY=YAML",
+                        help="override a param of the final check only, for every model alike "
+                             "(e.g. --final-set sample.trim_transcript=true)")
     parser.add_argument("--compare", choices=["trl"], help="also run the reference trainer (TRL's GRPOTrainer) from "
                         "the same warm start for the best mode's wall-clock, on its training tasks")
     parser.add_argument("--trl-minutes", type=float, help="TRL's training budget (default: the best mode's minutes)")
@@ -375,8 +409,10 @@ def main() -> None:
         if args.plot:
             plot_minutes(rows, trl, warm, args.plot.with_name(args.plot.stem + "_minutes.png"))
     if args.final_samples and rows:
-        check = final_check(base, finals, args.final_samples, args.final_rounds)
-        figures["final_check"] = {"samples_per_task": args.final_samples, "rounds": args.final_rounds, **check}
+        check = final_check(base, finals, args.final_samples, args.final_rounds, args.final_set,
+                            saved=args.workdir / "measured" if args.workdir else None)
+        figures["final_check"] = {"samples_per_task": args.final_samples, "rounds": args.final_rounds,
+                                  "overrides": args.final_set, **check}
         print(f"\nfinal champions against the warm start, {args.final_samples} samples per task (paired; ± one "
               f"standard error over tasks)")
         print("warm start  " + " ".join(f"{k} {v:.3f}" for k, v in check["warm_start"].items()))
