@@ -169,6 +169,7 @@ def compare_measured(measured: dict[str, dict], samples: int, tasks: list, round
     results = {"warm_start": pass_rates(warm["summary"])}
     if rounds > 1:
         results["warm_start_round_1"] = pass_rates(warm["rounds"]["by_round"][0])
+        results["by_round"] = {name: [pass_rates(r) for r in m["rounds"]["by_round"]] for name, m in measured.items()}
     firsts: dict[str, dict] = {}
     finals = [name for name in measured if name != "warm_start"]
     for mode in finals:
@@ -228,6 +229,26 @@ def plot_minutes(rows: list[dict], trl: dict, warm: dict, path: Path) -> None:
     ax.set_ylabel("benchmark pass@1")
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def plot_rounds(by_round: dict[str, list[dict]], path: Path) -> None:
+    """Each model's benchmark pass@1 after round 1, 2, …, R of its episodes (the final check's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for name, rounds in by_round.items():
+        ax.plot(range(1, len(rounds) + 1), [r["overall"] for r in rounds], marker="o", label=name)
+    ax.set_xlabel("after round")
+    ax.set_xticks(range(1, max(len(r) for r in by_round.values()) + 1))
+    ax.set_ylabel("benchmark pass@1 (hidden checks)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -427,6 +448,8 @@ def main() -> None:
                                    ("round_1_vs_warm_start_round_1", "round 1 vs the warm start's round 1")):
                     print(f"      {label}: " + " ".join(f"{k} {d['diff'] * 100:+.1f}±{d['se'] * 100:.1f} pp"
                                                       for k, d in check[mode][key].items()))
+        if args.plot and "by_round" in check:
+            plot_rounds(check["by_round"], args.plot.with_name(args.plot.stem + "_rounds.png"))
         for key in [k for k in check if k.endswith(", round 1")]:
             print(f"{key}: " + " ".join(f"{k} {d['diff'] * 100:+.1f}±{d['se'] * 100:.1f} pp"
                                        for k, d in check[key].items()))

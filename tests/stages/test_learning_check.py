@@ -27,6 +27,11 @@ def test_the_final_check_pairs_models_as_episodes_under_its_overrides(warm_copy,
     assert check["itself"]["round_1"] == check["warm_start_round_1"]
     assert set(check["warm_start"]) | {"in-distribution", "heldout"} == set(check["itself"]["rounds_vs_round_1"])
     assert 0.0 <= check["itself"]["correction_rate"]["rate"] <= 1.0
+    assert [len(check["by_round"][name]) for name in ("warm_start", "itself")] == [2, 2]
+    assert check["by_round"]["itself"][-1] == check["itself"]["pass@1"]
+    assert check["by_round"]["itself"][0] == check["itself"]["round_1"]
+    learning.plot_rounds(check["by_round"], tmp_path / "rounds.png")
+    assert (tmp_path / "rounds.png").read_bytes()[:4] == b"\x89PNG"
 
     # Measured once, kept: a later check of the same models under the same settings reads them back,
     # and one under other settings measures again.
