@@ -120,6 +120,13 @@ def paired_difference(before: dict[str, int], after: dict[str, int], n: int, tas
     return out
 
 
+def final_model(ws) -> Path:
+    """The model an arm ends with: the last iteration's promote output (its candidate when promoted,
+    else the champion it kept). Not data/champion: the loop closes at the start of the next iteration,
+    so after the last one data/champion is still the model that iteration began from."""
+    return ws.next_champion if ws.next_champion.exists() else ws.champion
+
+
 def arm_dir(arm: str) -> str:
     """The workspace folder of an arm ("rft+sample.rounds=3" → "rft+sample.rounds-3")."""
     return arm.replace("=", "-").replace("/", "-")
@@ -412,7 +419,7 @@ def main() -> None:
               f"training {tokens_per_s:.0f} tokens/s; {sum(row['wall_s'] for row in mine) / len(mine):.0f} s/iteration; "
               f"{(last['champion']['overall'] - warm['overall']) * 100 / (sum(row['wall_s'] for row in mine) / 60):+.2f} "
               "pp per minute of iterations")
-    finals = {mode: Workspace.at(workdir / arm_dir(mode)).champion for mode in sorted({row["mode"] for row in rows})}
+    finals = {mode: final_model(Workspace.at(workdir / arm_dir(mode))) for mode in sorted({row["mode"] for row in rows})}
     if args.compare == "trl" and rows:
         import trl_compare
 

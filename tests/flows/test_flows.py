@@ -65,6 +65,30 @@ def test_loop_result_names_the_iteration(looped, warm_template):
     assert load_params(root).loop.iteration == 1
 
 
+def test_the_model_an_iteration_ends_with_is_its_promote_output_not_data_champion(looped, warm_template):
+    # benchmarks/learning.py measures each arm's final model: data/champion lags one iteration behind
+    # (the loop closes when the next iteration begins), so after the last iteration it is still the
+    # model that iteration started from.
+    import json
+    import sys
+
+    from closedloop.models.loading import model_fingerprint
+    from closedloop.workspace import Workspace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import learning
+
+    root, _ = looped
+    ws = Workspace.at(root)
+    gate = json.loads(ws.gate.read_text())
+    ended = ws.candidate if gate["promote"] else ws.champion
+    assert learning.final_model(ws) == ws.next_champion  # the promote stage's output
+    assert model_fingerprint(learning.final_model(ws)) == model_fingerprint(ended)
+    assert model_fingerprint(ws.champion) == model_fingerprint(Workspace.at(warm_template[0]).warmstart_model)
+    if gate["promote"]:
+        assert model_fingerprint(learning.final_model(ws)) != model_fingerprint(ws.champion)
+
+
 def test_dvc_is_clean_after_a_prefect_iteration(looped):
     root, _ = looped
     assert DvcWorkspace(root).status() == {}
