@@ -29,7 +29,11 @@ Pitfalls handled here (prefect 3.9, prefect-ray 0.6, ray 2.60):
 - the runner's ``address="auto"`` would start a local Ray when none is found: "auto" is passed to
   ``ray.init`` itself, which then fails instead;
 - a stage task's logs do not reach Prefect from a Ray worker; its printed lines reach the flow's
-  console through Ray's log forwarding.
+  console through Ray's log forwarding;
+- a task run's states reach the API as events, which the worker's events client sends from a thread
+  of its own, later; when the runner exits it shuts its Ray connection down and the job's workers are
+  killed, with the last events unsent under load (a CI run saw a task run that never appeared in
+  the API). :class:`FlushingRayTaskRunner` has each task send its events before it returns.
 """
 
 from __future__ import annotations
@@ -84,17 +88,38 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def ray_task_runner(params: Params):
-    """prefect-ray's RayTaskRunner on ``execution.ray.address`` (empty: a local Ray for the run)."""
+# How long a task waits in its Ray worker for its events to be sent: a minute more on an unreachable API.
+EVENTS_FLUSH_TIMEOUT_S = 60.0
+
+
+def _flushing_runner_class():
+    """prefect-ray's RayTaskRunner whose remote function, after the task engine finishes, waits for
+    the worker's Prefect events (the task run's states) to be sent (see the module's docstring)."""
     from prefect_ray import RayTaskRunner
 
+    class FlushingRayTaskRunner(RayTaskRunner):
+        @staticmethod
+        def _run_prefect_task(*upstream_ray_obj_refs: Any, **kwargs: Any) -> Any:
+            from prefect.events.worker import EventsWorker
+
+            try:
+                return RayTaskRunner._run_prefect_task(*upstream_ray_obj_refs, **kwargs)
+            finally:
+                EventsWorker.drain_all(timeout=EVENTS_FLUSH_TIMEOUT_S, at_exit=False)
+
+    return FlushingRayTaskRunner
+
+
+def ray_task_runner(params: Params):
+    """prefect-ray's RayTaskRunner on ``execution.ray.address`` (empty: a local Ray for the run), its
+    tasks' events sent before each returns."""
     address = params.execution.ray.address
     init_kwargs: dict[str, Any] = {"runtime_env": {"env_vars": worker_env()}, "logging_level": "warning"}
     if address == "auto":  # the runner would start a local Ray when none is found; ray.init fails
         init_kwargs["address"], address = "auto", None
     elif not address:
         init_kwargs["include_dashboard"] = False  # the Ray it starts: no dashboard process
-    return RayTaskRunner(address=address or None, init_kwargs=init_kwargs)
+    return _flushing_runner_class()(address=address or None, init_kwargs=init_kwargs)
 
 
 def remote_options_for(name: str, params: Params) -> dict[str, Any]:
