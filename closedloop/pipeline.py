@@ -22,6 +22,9 @@ PACKAGE = "closedloop"
 # Loaded by run_stage by name, for the stages that draw plots only: as a literal import in
 # stages/common.py it would be code of every stage, and an edit to a plot would rerun the warm start.
 PLOTS_MODULE = f"{PACKAGE}.reports.plots"
+# The params schema, loaded by run_stage by name for the stages that read params (all but promote): a
+# stage that reads none runs without params.yaml, and an edit to the schema does not rerun it.
+CONFIG_MODULE = f"{PACKAGE}.config"
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,11 @@ class StageSpec:
 
     @property
     def code(self) -> tuple[str, ...]:
-        """The .py files the stage runs, relative to the package: derived from its imports (and, for a
-        stage that draws plots, from those of the plots module run_stage loads for it)."""
-        if not self.plots:
-            return stage_code(self.module)
-        return tuple(sorted(set(stage_code(self.module)) | set(stage_code(PLOTS_MODULE))))
+        """The .py files the stage runs, relative to the package: derived from its imports, and from
+        those of the modules run_stage loads by name for it (the params schema for a stage that reads
+        params, the plots for one that draws plots)."""
+        loaded = [module for module, used in ((CONFIG_MODULE, self.params), (PLOTS_MODULE, self.plots)) if used]
+        return tuple(sorted(set(stage_code(self.module)).union(*(stage_code(module) for module in loaded))))
 
     @property
     def metrics(self) -> tuple[str, ...]:

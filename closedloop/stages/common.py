@@ -10,20 +10,22 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from closedloop.config import Params, load_params
 from closedloop.faults import fault_point
 from closedloop.io import write_json
-from closedloop.pipeline import PLOTS_MODULE, stage_spec
+from closedloop.pipeline import CONFIG_MODULE, PLOTS_MODULE, stage_spec
 from closedloop.stage_files import StageClock, info_path, metrics_path, split_numbers, split_rates, timing_path
 from closedloop.workspace import Workspace
+
+if TYPE_CHECKING:  # the schema is loaded by name (pipeline.CONFIG_MODULE): see run_stage
+    from closedloop.config import Params
 
 
 @dataclass(frozen=True)
 class StageContext:
     ws: Workspace
-    params: Params
+    params: Params | None  # None for a stage that reads no params (its StageSpec lists none)
     progress: bool = False
 
     def seed(self, stage: str) -> int:
@@ -50,9 +52,13 @@ def run_stage(name: str, workspace: Path | str = ".", params: Params | None = No
     """
 
     ws = Workspace.at(workspace)
-    params = params or load_params(ws.root)
-    context = StageContext(ws=ws, params=params, progress=progress)
     spec = stage_spec(name)
+    # A stage that reads no params gets none, not even the caller's: what it reads is what it states.
+    if not spec.params:
+        params = None
+    elif params is None:
+        params = importlib.import_module(CONFIG_MODULE).load_params(ws.root)  # by name: see CONFIG_MODULE
+    context = StageContext(ws=ws, params=params, progress=progress)
     clock = StageClock()
     result = stage_function(name)(context)
     if spec.plots:

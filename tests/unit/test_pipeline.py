@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from closedloop.config import Params
+from closedloop.config import ConfigError, Params
+from closedloop.io import write_json
 from closedloop.pipeline import (
+    CONFIG_MODULE,
     ITERATION_STAGES,
     STAGE_NAMES,
     STAGES,
@@ -20,8 +22,11 @@ from closedloop.pipeline import (
     module_file,
     render,
     render_yaml,
+    stage_code,
     stage_spec,
 )
+from closedloop.stages.common import run_stage
+from closedloop.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "closedloop"
@@ -103,8 +108,10 @@ def test_code_deps_include_the_stage_module_and_what_it_imports(spec):
     own = str(module_file(spec.module).relative_to(PACKAGE))
     assert own in spec.code
     assert set(_direct_imports(spec.module)) - {"pipeline.py"} <= set(spec.code)
-    # What every stage runs through: the config schema, the stage runner and the batch-file helpers.
-    assert {"config/__init__.py", "io.py", "workspace.py", "stages/common.py"} <= set(spec.code)
+    # What every stage runs through: the stage runner and the batch-file helpers; the config schema too
+    # where the stage reads params (promote reads none).
+    assert {"io.py", "workspace.py", "stages/common.py"} <= set(spec.code)
+    assert ("config/__init__.py" in spec.code) == bool(spec.params)
     assert "__init__.py" not in spec.code and "stages/__init__.py" not in spec.code  # docstrings alone
     assert list(spec.code) == sorted(set(spec.code))
 
@@ -215,7 +222,7 @@ def test_the_review_step_is_declared_in_the_table_and_runs_before_the_gate_only_
 # How many files each stage's code dependencies hold (what an edit to reruns it under `dvc repro`). A
 # count that grows means a stage now imports more than it did: raise it here only with a reason.
 STAGE_CODE_COUNTS = {"benchmark": 44, "warmstart": 69, "generate": 44, "sample": 62, "reward": 62, "grade": 48,
-                     "validate": 19, "train": 98, "evaluate": 67, "monitors": 41, "gate": 48, "promote": 18}
+                     "validate": 19, "train": 98, "evaluate": 67, "monitors": 41, "gate": 48, "promote": 8}
 
 
 @pytest.mark.parametrize("spec", STAGES, ids=lambda spec: spec.name)
@@ -225,9 +232,26 @@ def test_no_stage_depends_on_more_code_than_stated(spec):
         f"{list(spec.code)}")
 
 
-def test_promote_depends_on_the_runner_the_params_schema_and_the_model_fingerprint_only():
+def test_promote_depends_on_the_runner_and_the_model_fingerprint_only():
+    """promote reads no params: neither params.yaml nor the schema that validates it is its code."""
     own = {"stages/promote.py", "models/loading.py"}  # its module and model_fingerprint
     runner = {"stages/common.py", "stage_files.py", "faults.py", "io.py", "nested.py", "workspace.py"}
-    schema = {path for path in stage_spec("promote").code if path.startswith("config/")} | {
-        "sandbox_limits.py", "monitor_catalog.py"}  # the declarations config validates against
-    assert set(stage_spec("promote").code) == own | runner | schema
+    assert set(stage_spec("promote").code) == own | runner
+
+
+def test_a_stage_that_reads_params_has_the_schema_as_code_and_one_that_reads_none_runs_without_it(tmp_path):
+    schema = set(stage_code(CONFIG_MODULE))
+    assert {"config/params.py", "config/training.py", "sandbox_limits.py"} <= schema
+    schema_alone = {path for path in schema if path != "nested.py"}  # nested.py: the runner's too
+    for spec in STAGES:
+        assert schema <= set(spec.code) if spec.params else not schema_alone & set(spec.code), spec.name
+    # promote runs on a workspace whose params.yaml does not even parse: it reads none of it.
+    (tmp_path / "params.yaml").write_text("model: [unclosed\n")
+    ws = Workspace.at(tmp_path)
+    write_json(ws.gate, {"promote": False})
+    ws.champion.mkdir(parents=True)
+    (ws.champion / "config.json").write_text("{}")
+    result = run_stage("promote", tmp_path)
+    assert result["promoted"] is False and (ws.next_champion / "config.json").read_text() == "{}"
+    with pytest.raises(ConfigError, match="params.yaml: not valid YAML"):
+        run_stage("gate", tmp_path)  # a stage that reads params still reads and validates them
