@@ -30,6 +30,7 @@ from closedloop.stages.common import StageContext, StageError, env_mix
 from closedloop.stages.prompting import prompt_format_of
 from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
 from closedloop.training.lora import merged, with_seeded_lora
+from closedloop.training.optimization import run_settings
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -59,10 +60,8 @@ def run(ctx: StageContext) -> dict:
     stats = train_causal_lm(
         model, tokenizer, examples, steps=params.warmstart.steps, batch_size=params.warmstart.batch_size,
         lr=params.warmstart.lr, warmup_steps=params.warmstart.warmup_steps,
-        seed=seed, progress=ctx.progress,
-        micro_batch_size=params.train.micro_batch_size, gradient_checkpointing=params.train.gradient_checkpointing,
-        encode_prompt=partial(prompt_format.encode, tokenizer),
         bf16=use_bf16(params.train.mixed_precision, model),
+        **run_settings(params.train, seed=seed, progress=ctx.progress, encode_prompt=partial(prompt_format.encode, tokenizer)),
     )
     if params.warmstart.lora:
         model = merged(model)

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from closedloop.training.batching import IGNORE_INDEX, Row, batch_indices, packed_batch, packing_agrees, padded_batch
-from closedloop.training.checkpoints import Checkpointing
-from closedloop.training.optimization import optimize
+from closedloop.training.optimization import RunSettings, optimize
 
 
 @dataclass(frozen=True)
@@ -78,20 +77,15 @@ def train_causal_lm(
     batch_size: int,
     lr: float,
     warmup_steps: int,
-    seed: int,
-    progress: bool = False,
-    checkpoint: Checkpointing | None = None,
-    micro_batch_size: int = 0,
-    gradient_checkpointing: bool = False,
-    encode_prompt: Callable[[str], list[int]] | None = None,
     pack: bool = True,
     bf16: bool = False,
+    **run_settings: Any,
 ) -> TrainStats:
     """Train ``model`` in place for ``steps`` AdamW steps; returns what happened. Leaves it in eval mode.
 
-    ``micro_batch_size`` (0: the whole batch) and ``gradient_checkpointing`` trade time for memory
-    without changing the result beyond rounding: see :func:`optimize`. ``encode_prompt``: see
-    :func:`encode_example`.
+    ``run_settings``: the keywords of optimization.RunSettings (``seed`` required; ``progress``,
+    ``checkpoint``, ``micro_batch_size``, ``gradient_checkpointing``, ``encode_prompt``), the same for
+    every trainer.
 
     Batches walk through the examples in an order reshuffled every epoch by ``random.Random(seed)``.
     The learning rate rises linearly over ``warmup_steps`` then follows a cosine to ~0 at ``steps``.
@@ -111,6 +105,7 @@ def train_causal_lm(
     of every step, and on a CPU with AVX512-BF16 1.16x the tokens per second over a whole warm start at
     nearly four times the peak memory (docs/benchmarks.md). The packing check stays in float32.
     """
+    run = RunSettings.of("train_causal_lm", run_settings)
     if steps < 0 or batch_size < 1 or lr <= 0 or warmup_steps < 0:
         raise ValueError(
             f"steps ({steps}) must be >= 0, batch_size ({batch_size}) >= 1, lr ({lr}) > 0 and "
@@ -120,9 +115,9 @@ def train_causal_lm(
         return TrainStats(steps=0, examples=len(examples), tokens=0, positions=0, wall_s=0.0, tokens_per_s=0.0,
                           first_loss=None, final_loss=None, losses=[])
 
-    encoded = encode_examples(model, tokenizer, examples, encode_prompt)
+    encoded = encode_examples(model, tokenizer, examples, run.encode_prompt)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    batches = batch_indices(len(encoded), batch_size, steps, random.Random(seed),
+    batches = batch_indices(len(encoded), batch_size, steps, random.Random(run.seed),
                             lengths=[len(ids) for ids, _ in encoded])
 
     # Tokens each example contributes to the loss: labelled positions after the first (position t
@@ -131,10 +126,8 @@ def train_causal_lm(
     step_loss = SupervisedLoss(model, encoded, pad_id, pack=pack, bf16=bf16)
 
     started = time.perf_counter()
-    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                              checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
-                              loss_tokens=lambda indices: sum(loss_tokens[i] for i in indices),
-                              gradient_checkpointing=gradient_checkpointing)
+    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, run=run,
+                              loss_tokens=lambda indices: sum(loss_tokens[i] for i in indices))
     wall = time.perf_counter() - started
     return TrainStats(steps=len(losses), examples=len(examples), tokens=tokens, positions=step_loss.positions,
                       wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else 0.0, first_loss=losses[0],

@@ -35,9 +35,8 @@ from typing import Any
 
 from closedloop.training.batching import batch_indices
 from closedloop.training.causal_lm import raw_prompt_ids
-from closedloop.training.checkpoints import Checkpointing
 from closedloop.training.grpo_stats import GrpoStats
-from closedloop.training.optimization import Carry, optimize
+from closedloop.training.optimization import Carry, RunSettings, optimize
 
 ZERO_SPREAD = 1e-6  # a group whose reward standard deviation is below this gives no gradient
 LOSSES = ("dapo", "grpo", "dr_grpo")  # as TRL's GRPOConfig.loss_type names them
@@ -123,12 +122,7 @@ def train_grpo(
     clip_high: float | None = None,
     max_completion_length: int | None = None,
     carry: Carry | None = None,
-    seed: int,
-    progress: bool = False,
-    checkpoint: Checkpointing | None = None,
-    micro_batch_size: int = 0,
-    gradient_checkpointing: bool = False,
-    encode_prompt: Callable[[str], list[int]] | None = None,
+    **run_settings: Any,
 ) -> GrpoStats:
     """Train ``model`` in place; ``ceil(epochs * usable rollouts / batch_size)`` steps.
 
@@ -142,14 +136,14 @@ def train_grpo(
     GRPO: no length normalisation). ``clip_high`` is DAPO's clip-higher: the ratio's upper bound is
     1 + clip_high (None: 1 + clip), so rare tokens of a better completion can gain more than clip allows.
     ``carry``: the optimizer and schedule of earlier runs to go on with (on-policy rounds; see optimize).
-    ``micro_batch_size``, ``gradient_checkpointing``: see optimization.optimize; ``encode_prompt``: see
-    causal_lm.encode_example.
+    ``run_settings``: the keywords of optimization.RunSettings (``seed`` required), as train_causal_lm.
     """
+    run = RunSettings.of("train_grpo", run_settings)
     _check_settings(temperature, loss, max_completion_length)
     groups: dict[str, list[Rollout]] = {}
     for rollout in rollouts:
         groups.setdefault(rollout.group, []).append(rollout)
-    rows, skipped = _advantage_rows(groups, tokenizer, scale_advantages, negative_weight, encode_prompt)
+    rows, skipped = _advantage_rows(groups, tokenizer, scale_advantages, negative_weight, run.encode_prompt)
     rows = _fit_context(rows, getattr(model.config, "max_position_embeddings", None))
     steps = math.ceil(epochs * len(rows) / batch_size) if rows else 0
     batch_figures = _batch_figures(rows, skipped, len(groups))
@@ -161,18 +155,16 @@ def train_grpo(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     started = time.perf_counter()
     rows, behaviour = _behaviour_logprobs(model, rows, temperature=temperature,
-                                          batch_size=micro_batch_size or batch_size, pad_id=pad_id)
-    batches = batch_indices(len(rows), batch_size, steps, random.Random(seed),
+                                          batch_size=run.micro_batch_size or batch_size, pad_id=pad_id)
+    batches = batch_indices(len(rows), batch_size, steps, random.Random(run.seed),
                             lengths=[len(row.prompt) + len(row.completion) for row in rows])
     step_loss = GrpoLoss(model, rows, pad_id, temperature=temperature, clip=clip,
                          upper=clip if clip_high is None else clip_high, beta=beta, loss=loss,
                          max_completion_length=max_completion_length)
     steps_log: list[dict[str, float]] = []
-    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                              checkpoint=checkpoint, progress=progress, micro_batch_size=micro_batch_size,
+    losses, tokens = optimize(model, batches, step_loss, lr=lr, warmup_steps=warmup_steps, run=run,
                               loss_tokens=(lambda indices: sum(rows[i].model_tokens for i in indices))
-                              if loss == "dapo" else len,
-                              gradient_checkpointing=gradient_checkpointing, dropout=False,
+                              if loss == "dapo" else len, dropout=False,
                               log=steps_log, step_figures=step_loss.step_figures, carry=carry)
     wall = time.perf_counter() - started
     return GrpoStats(

@@ -7,10 +7,52 @@ import math
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from closedloop.training.checkpoints import Checkpointing, cuda_devices, resume, save_checkpoint
+
+
+if TYPE_CHECKING:
+    from closedloop.config import TrainParams
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a training run executes, beside what it optimises: the keywords every trainer
+    (causal_lm.train_causal_lm, grpo.train_grpo) takes after its own, and what optimize runs with.
+
+    ``seed`` orders the batches and seeds dropout; ``checkpoint`` saves the run to resume from;
+    ``micro_batch_size`` (0: the whole batch) and ``gradient_checkpointing`` trade time for memory
+    without changing the result beyond rounding (see :func:`optimize`); ``encode_prompt`` tokenises a
+    prompt as the sampler fed it (see causal_lm.encode_example)."""
+
+    seed: int
+    progress: bool = False
+    checkpoint: Checkpointing | None = None
+    micro_batch_size: int = 0
+    gradient_checkpointing: bool = False
+    encode_prompt: Callable[[str], list[int]] | None = None
+
+    @classmethod
+    def of(cls, trainer: str, options: dict[str, Any]) -> RunSettings:
+        """The settings a trainer was called with as keywords, refused by name as Python would."""
+        known = {item.name for item in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"{trainer}() got unexpected keyword argument(s): {', '.join(unknown)} "
+                            f"(its run settings: {', '.join(sorted(known))})")
+        if "seed" not in options:
+            raise TypeError(f"{trainer}() missing required keyword argument: 'seed'")
+        return cls(**options)
+
+
+def run_settings(train: TrainParams, *, seed: int, progress: bool, encode_prompt: Callable[[str], list[int]] | None,
+                 checkpoint: Checkpointing | None = None) -> dict[str, Any]:
+    """The keywords every trainer takes after its own (optimization.RunSettings), from the train
+    section's memory settings and the caller's seed, progress, prompt encoding and checkpoint."""
+    return {"seed": seed, "progress": progress, "checkpoint": checkpoint, "micro_batch_size": train.micro_batch_size,
+            "gradient_checkpointing": train.gradient_checkpointing, "encode_prompt": encode_prompt}
 
 
 @dataclass
@@ -40,12 +82,8 @@ def optimize(
     *,
     lr: float,
     warmup_steps: int,
-    seed: int,
-    checkpoint: Checkpointing | None = None,
-    progress: bool = False,
-    micro_batch_size: int = 0,
+    run: RunSettings,
     loss_tokens: Callable[[list[int]], int] | None = None,
-    gradient_checkpointing: bool = False,
     dropout: bool = True,
     log: list[dict[str, float]] | None = None,
     step_figures: Callable[[], dict[str, float]] | None = None,
@@ -54,16 +92,16 @@ def optimize(
     """One AdamW step per batch of example indices; ``step_loss(indices, denominator) -> (loss, tokens)``.
 
     The loop every training mode shares: warm-up then cosine schedule, gradient clipping at 1.0,
-    checkpoints every ``checkpoint.every`` steps and resumption from one (see train_causal_lm).
+    checkpoints every ``run.checkpoint.every`` steps and resumption from one (see train_causal_lm).
     Returns every step's loss and the tokens fed. Leaves the model in eval mode.
 
-    ``step_loss`` returns the batch's token-mean loss when ``denominator`` is None. With
-    ``micro_batch_size`` smaller than a batch, each step runs the batch in consecutive micro-batches
+    ``run``: the trainer's :class:`RunSettings`. ``step_loss`` returns the batch's token-mean loss when
+    ``denominator`` is None. With ``run.micro_batch_size`` smaller than a batch, each step runs the batch in consecutive micro-batches
     of that size and accumulates their gradients: ``step_loss(part, denominator)`` then returns the
     part's summed token losses over ``denominator = loss_tokens(batch)``, the whole batch's loss
     tokens, so the parts add up to exactly the full batch's mean (the same step, up to rounding).
 
-    ``gradient_checkpointing`` recomputes each layer's activations in backward (transformers'
+    ``run.gradient_checkpointing`` recomputes each layer's activations in backward (transformers'
     activation checkpointing, KV cache off) for the duration of the run. ``dropout=False`` trains with
     the model in eval mode, so every dropout of every architecture is off (gradients flow in eval mode
     just the same): grpo needs its policy ratios taken against the very forward that sampled.
@@ -81,19 +119,19 @@ def optimize(
     import torch
     from tqdm.auto import tqdm
 
-    _check_micro_batching(micro_batch_size, loss_tokens)
+    _check_micro_batching(run.micro_batch_size, loss_tokens)
     steps = len(batches)
     # fork_rng: the seed governs this run without resetting the caller's global random stream.
     with torch.random.fork_rng(devices=cuda_devices(model)):
-        torch.manual_seed(seed)
-        optimizer, scheduler, done, losses, tokens = _start(model, lr, warmup_steps, steps, carry, checkpoint, log)
+        torch.manual_seed(run.seed)
+        optimizer, scheduler, done, losses, tokens = _start(model, lr, warmup_steps, steps, carry, run.checkpoint, log)
         model.train(dropout)
-        bar = tqdm(total=steps, desc="training", unit="step", disable=not progress, initial=done)
+        bar = tqdm(total=steps, desc="training", unit="step", disable=not run.progress, initial=done)
         try:
-            with _activation_checkpointing(model, gradient_checkpointing, dropout):
+            with _activation_checkpointing(model, run.gradient_checkpointing, dropout):
                 for step, indices in enumerate(batches[done:], start=done + 1):
                     loss_value, batch_tokens, step_lr, grad_norm = _step(model, optimizer, scheduler, step_loss,
-                                                                         indices, micro_batch_size, loss_tokens)
+                                                                         indices, run.micro_batch_size, loss_tokens)
                     losses.append(loss_value)
                     tokens += batch_tokens
                     if log is not None:
@@ -101,13 +139,13 @@ def optimize(
                                     **(step_figures() if step_figures else {})})
                     bar.update(1)
                     bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-                    if checkpoint is not None and step % checkpoint.every == 0 and step < steps:
-                        save_checkpoint(checkpoint, model, optimizer, scheduler, step, losses, tokens, log or [])
+                    if run.checkpoint is not None and step % run.checkpoint.every == 0 and step < steps:
+                        save_checkpoint(run.checkpoint, model, optimizer, scheduler, step, losses, tokens, log or [])
         finally:
             bar.close()
             model.eval()
-    if checkpoint is not None:
-        shutil.rmtree(checkpoint.directory, ignore_errors=True)  # done: nothing left to resume
+    if run.checkpoint is not None:
+        shutil.rmtree(run.checkpoint.directory, ignore_errors=True)  # done: nothing left to resume
     return losses, tokens
 
 

@@ -166,6 +166,16 @@ class TestTrainCausalLm:
         with pytest.raises(ValueError):
             train_causal_lm(_fresh_model(tokenizer), tokenizer, EXAMPLES, **dict(TRAIN, **overrides))
 
+    def test_a_misspelt_or_missing_run_setting_is_refused_by_name(self, tokenizer):
+        """The run settings every trainer shares come as keywords (optimization.RunSettings): a typo
+        must fail as a misspelt argument would, not be ignored."""
+        model = _fresh_model(tokenizer)
+        with pytest.raises(TypeError, match="unexpected keyword argument.*micro_batchsize.*micro_batch_size"):
+            train_causal_lm(model, tokenizer, EXAMPLES, **TRAIN, micro_batchsize=4)
+        without_seed = {key: value for key, value in TRAIN.items() if key != "seed"}
+        with pytest.raises(TypeError, match="missing required keyword argument: 'seed'"):
+            train_causal_lm(model, tokenizer, EXAMPLES, **without_seed)
+
 
 class TestBatchIndices:
     def test_epochs_are_permutations_and_batches_full(self):

@@ -22,7 +22,7 @@ from closedloop.training.grpo import Rollout, Transcript, train_grpo
 from closedloop.training.grpo_stats import GrpoStats, combine_stats
 from closedloop.training.modes.base import (TrainingError, TrainingMode, TrainingResult, TrainingRun,
                                            checkpoint_directory)
-from closedloop.training.optimization import Carry
+from closedloop.training.optimization import Carry, run_settings
 from closedloop.training.rounds import RoundStore, figures_of, round_parts
 from closedloop.workspace import Workspace
 
@@ -141,9 +141,8 @@ def train_grpo_batch(run: TrainingRun, batch: list[Rollout], *, seed: int, check
         negative_weight=grpo.negative_weight, loss=grpo.loss, clip_high=grpo.epsilon_high,
         # dr_grpo's constant: an episode's loss runs over up to sample.rounds attempts
         max_completion_length=run.params.sample.max_new_tokens * run.params.sample.rounds, carry=carry,
-        temperature=run.params.sample.temperature, seed=seed, progress=run.progress, checkpoint=checkpoint,
-        micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
-        encode_prompt=run.encode_prompt,
+        temperature=run.params.sample.temperature,
+        **run_settings(params, seed=seed, progress=run.progress, encode_prompt=run.encode_prompt, checkpoint=checkpoint),
     )
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from closedloop.io import read_jsonl
 from closedloop.training.causal_lm import Example, train_causal_lm, use_bf16
 from closedloop.training.modes.base import TrainingMode, TrainingResult, TrainingRun
+from closedloop.training.optimization import run_settings
 
 if TYPE_CHECKING:
     from closedloop.config import TrainParams
@@ -72,9 +73,9 @@ class SupervisedMode(TrainingMode):
         examples = [Example(prompt=r["prompt"], completion=r["completion"]) for r in records]
         stats = train_causal_lm(
             run.model, run.tokenizer, examples, steps=budget.steps, batch_size=params.batch_size, lr=params.lr,
-            warmup_steps=params.warmup_steps, seed=run.seed, progress=run.progress, checkpoint=run.checkpoint,
-            micro_batch_size=params.micro_batch_size, gradient_checkpointing=params.gradient_checkpointing,
-            encode_prompt=run.encode_prompt, bf16=use_bf16(params.mixed_precision, run.model),
+            warmup_steps=params.warmup_steps, bf16=use_bf16(params.mixed_precision, run.model),
+            **run_settings(params, seed=run.seed, progress=run.progress, encode_prompt=run.encode_prompt,
+                           checkpoint=run.checkpoint),
         )
         sources: dict[str, int] = {}
         for record in records:
