@@ -148,8 +148,9 @@ class RayParams(Section):
     train_num_gpus: float = Field(0.0, ge=0.0, description="GPUs the training task asks for.")
     retries: int = Field(2, ge=0, description="How often a shard whose worker was lost (killed, node gone) is run again.")
     placement_timeout_s: float = Field(
-        120.0, gt=0, description="How long a stage waits for its Ray actors to be placed and ready before it fails, "
-        "naming the resources they asked for and what the cluster has.",
+        120.0, gt=0, description="How long a stage waits for its Ray actors to be placed (their processes "
+        "running) before it fails, naming the resources they asked for and what the cluster has. Building each "
+        "actor's worker (loading the model) is waited for after that, with no deadline.",
     )
 
 

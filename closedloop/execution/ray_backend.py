@@ -17,22 +17,38 @@ from closedloop.faults import fault_env, kill_worker_once
 
 
 class ShardActor:
-    """What runs in each actor: the stage's worker object, built once, fed shards."""
+    """What runs in each actor: the stage's worker object, built once, fed shards.
+
+    Building the worker (a sampler loads its model) is not part of the actor's start: ``ready``
+    answers as soon as the actor is placed and its process runs, which is what the placement deadline
+    waits for; ``start`` then builds the worker, however long a loaded machine takes. An actor Ray
+    restarts after losing it builds its worker again on its first shard."""
 
     def __init__(self, worker: str, setup: dict) -> None:
         self.kind = worker.rpartition(":")[2]
-        self.worker = load(worker)(setup)
+        self._entry, self._setup = worker, setup
+        self._worker: Any = None
+
+    def _built(self) -> Any:
+        if self._worker is None:
+            self._worker = load(self._entry)(self._setup)
+        return self._worker
 
     def run(self, shard: dict, index: int) -> Any:
-        result = self.worker.run(shard)
+        result = self._built().run(shard)
         kill_worker_once(f"shard:{self.kind}:{index}")  # tests: the work done, the result lost
         return result
 
     def ready(self) -> bool:
         return True
 
+    def start(self) -> bool:
+        self._built()
+        return True
+
     def close(self) -> None:
-        self.worker.close()
+        if self._worker is not None:
+            self._worker.close()
 
 
 def call_function(function: str, payload: dict) -> Any:
@@ -93,8 +109,9 @@ def fitting_workers(wanted: int, num_cpus: float, num_gpus: float, available: di
 class RayPool(Pooled):
     """``workers`` actors of one worker kind, fewer where the cluster's free resources hold fewer: a
     stage's pools start in turn on a small cluster (a 2-CPU local Ray) instead of waiting on each
-    other. An actor that is not placed within ``placement_timeout_s`` fails the pool, naming what it
-    asked for and what the cluster has."""
+    other. An actor that is not placed (its process running) within ``placement_timeout_s`` fails the
+    pool, naming what it asked for and what the cluster has; the workers are built after that, with no
+    deadline (a model loading on a loaded machine is slow, not misplaced)."""
 
     def __init__(self, worker: str, setup: dict, resources: Resources, workers: int, retries: int,
                  placement_timeout_s: float = 120.0) -> None:
@@ -122,11 +139,12 @@ class RayPool(Pooled):
                 self._actors = placed
                 raise ExecutionError(
                     f"{len(waiting)} of {count} Ray actors for {worker} (each asking for {resources.num_cpus:g} CPU, "
-                    f"{resources.num_gpus:g} GPU) were not placed or ready within {placement_timeout_s:g} s "
+                    f"{resources.num_gpus:g} GPU) were not placed within {placement_timeout_s:g} s "
                     f"(execution.ray.placement_timeout_s); the cluster has {_resources(ray.cluster_resources())} "
                     f"in all, {_resources(ray.available_resources())} free. Lower execution.ray.num_cpus / "
                     "num_gpus or execution.ray.workers, or give the cluster more")
             ray.get(pending)
+            ray.get([actor.start.remote() for actor in self._actors])  # the workers built: no deadline
         except Exception as error:
             self.close()
             raise _unwrapped(error) from None
