@@ -17,7 +17,7 @@ test: $(STAMP) sandbox-deps
 
 ## make test-fast: the inner loop: the unit tests only (no whole iteration, Prefect server or Ray cluster)
 test-fast: $(STAMP) sandbox-deps
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=10 tests/unit -m "not slow and not ray and not gpu"
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadscope --no-loadscope-reorder tests/unit -m "not slow and not ray and not gpu"
 
 install: $(STAMP)
 
