@@ -39,6 +39,7 @@ Pitfalls handled here (prefect 3.9, prefect-ray 0.6, ray 2.60):
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -92,6 +93,7 @@ def worker_env() -> dict[str, str]:
 EVENTS_FLUSH_TIMEOUT_S = 60.0
 
 
+@cache  # one class for the process: made on first use, so prefect_ray is imported only then
 def _flushing_runner_class():
     """prefect-ray's RayTaskRunner whose remote function, after the task engine finishes, waits for
     the worker's Prefect events (the task run's states) to be sent (see the module's docstring)."""
