@@ -88,6 +88,12 @@ SETTINGS: dict[str, dict] = {
     # the default's warm start and train stage with half the batch (and half the benchmark samples)
     "n400": {"generate": {"n_tasks": 400}},
     "n400_e2": {"generate": {"n_tasks": 400}, "evaluate": {"samples_per_task": 2}},
+    # issue 25's rules probe: is the built-in's width what keeps rules at chance? The warm start on rules
+    # alone (every reference and warm-start step is a rules task), at today's width and at twice it (the
+    # same 48-wide heads, twice as many)
+    "rules_only": {"envs": {name: {"share": 0.0} for name in ("code", "data", "script", "extract")}},
+    "rules_only_w384": {"envs": {name: {"share": 0.0} for name in ("code", "data", "script", "extract")},
+                        "model": {"builtin": {"hidden_size": 384, "num_heads": 8, "intermediate_size": 1152}}},
 }
 # For every setting alike: what the harness cannot do without DVC (see the docstring).
 COMMON = {"train": {"replay": {"last": 0, "versions": []}}, "monitors": {"versions": []}}
@@ -127,7 +133,8 @@ def run_loop(name: str, params: dict, iterations: int, workdir: Path, out: Path,
     started = time.perf_counter()
     seconds = {stage: run_stage(stage, root)["seconds"] for stage in ("benchmark", "warmstart")}
     warm = read_json(ws.warmstart_eval)
-    emit({"iteration": 0, "pass@1": warm["summary"]["overall"]["pass@1"], "seconds": seconds,
+    emit({"iteration": 0, "pass@1": warm["summary"]["overall"]["pass@1"],
+          "envs": {env: f["pass@1"] for env, f in warm["summary"]["envs"].items()}, "seconds": seconds,
           "wall_s": round(time.perf_counter() - started, 1)})
     for iteration in range(1, iterations + 1):
         write(iteration)

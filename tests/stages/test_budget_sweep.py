@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from closedloop.config import parse_params
 from tests.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,10 +36,12 @@ def test_the_sweep_runs_each_setting_as_a_loop_without_prefect_dvc_mlflow_gx_or_
         p.read_text()[-3000:] for p in (tmp_path / "loops").glob("*.log"))
 
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    active = parse_params(TINY).envs.active()  # the warm start's figures per environment, each one's
     for setting in ("default", "default_sft"):
         mine = {row.get("iteration", "final"): row for row in rows if row["setting"] == setting}
         assert set(mine) == {0, 1, "final"}, mine
         assert 0.0 <= mine[0]["pass@1"] <= 1.0 and mine[0]["seconds"]["warmstart"] > 0
+        assert set(mine[0]["envs"]) == set(active) and all(0.0 <= v <= 1.0 for v in mine[0]["envs"].values())
         assert mine[1]["train_steps"] == TINY["train"]["steps"]
         assert {"generate", "sample", "reward", "train", "evaluate", "gate", "promote"} <= set(mine[1]["seconds"])
         assert mine["final"]["final_check"]["samples_per_task"] == 1
