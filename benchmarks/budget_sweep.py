@@ -43,6 +43,8 @@ from closedloop.stages.common import run_stage  # noqa: E402
 from closedloop.versioning.loop import ensure_labels  # noqa: E402
 from closedloop.workspace import Workspace  # noqa: E402
 
+# Every environment but rules left out of the loop (share 0).
+RULES_ALONE = {name: {"share": 0.0} for name in ("code", "data", "script", "extract")}
 # Each setting: overrides of the repo's params.yaml. "default" is today's params, the baseline.
 SETTINGS: dict[str, dict] = {
     "default": {},
@@ -91,8 +93,8 @@ SETTINGS: dict[str, dict] = {
     # issue 25's rules probe: is the built-in's width what keeps rules at chance? The warm start on rules
     # alone (every reference and warm-start step is a rules task), at today's width and at twice it (the
     # same 48-wide heads, twice as many)
-    "rules_only": {"envs": {name: {"share": 0.0} for name in ("code", "data", "script", "extract")}},
-    "rules_only_w384": {"envs": {name: {"share": 0.0} for name in ("code", "data", "script", "extract")},
+    "rules_only": {"envs": RULES_ALONE},
+    "rules_only_w384": {"envs": RULES_ALONE,
                         "model": {"builtin": {"hidden_size": 384, "num_heads": 8, "intermediate_size": 1152}}},
 }
 # For every setting alike: what the harness cannot do without DVC (see the docstring).

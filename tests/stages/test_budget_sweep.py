@@ -36,7 +36,7 @@ def test_the_sweep_runs_each_setting_as_a_loop_without_prefect_dvc_mlflow_gx_or_
         p.read_text()[-3000:] for p in (tmp_path / "loops").glob("*.log"))
 
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    active = parse_params(TINY).envs.active()  # the warm start's figures per environment, each one's
+    active = parse_params(TINY).envs.active()  # the warm start's row has a figure for each
     for setting in ("default", "default_sft"):
         mine = {row.get("iteration", "final"): row for row in rows if row["setting"] == setting}
         assert set(mine) == {0, 1, "final"}, mine
