@@ -28,8 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from closedloop.io import read_jsonl  # noqa: E402
-
-ZERO_SPREAD = 1e-6  # as closedloop.training.grpo: below this a group carries no advantage
+from closedloop.training.grpo import ZERO_SPREAD  # noqa: E402  (below it a group carries no advantage)
 KINDS = ("mixed", "all_fail_spread", "all_fail_flat", "all_pass")
 
 
